@@ -1,0 +1,646 @@
+/*
+ * Configuration: "key:value,key:value" strings (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax, jemalloc's
+ * MALLOC_CONF idea). One table below describes every key: its parser, its formatter, its default
+ * and its documentation. docs/user-guide.md mirrors this table.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum {
+    KEY_MAX = 64,          /* longest key we accept, for messages */
+    CONF_ENV_MAX = 4096,   /* longest VMMALLOC_CONF we parse */
+    MAX_SPLIT_MIN_MB = 20, /* PyTorch refuses max_split_size_mb at or below this (its large segment) */
+};
+
+/* A value token: [s, s+len). */
+typedef struct token {
+    const char *s;
+    size_t len;
+} token;
+
+typedef int (*opt_parse_fn)(vmm_config *c, const char *key, token v);
+typedef int (*opt_format_fn)(const vmm_config *c, char *buf, size_t len);
+
+typedef struct option_desc {
+    const char *key;
+    opt_parse_fn parse;
+    opt_format_fn format;
+    const char *doc; /* shown by docs; default included */
+} option_desc;
+
+/* ---- value parsers ------------------------------------------------------------------------- */
+
+static int token_eq(token v, const char *lit)
+{
+    size_t n = strlen(lit);
+    if (n != v.len)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tolower((unsigned char)v.s[i]) != lit[i])
+            return 0;
+    return 1;
+}
+
+static int bad_value(const char *key, token v, const char *want)
+{
+    return vmm_fail(VMM_ECONFIG, "config key '%s': bad value '%.*s' (expected %s)", key, (int)v.len,
+                    v.s, want);
+}
+
+static int parse_bool(const char *key, token v, int *out)
+{
+    if (token_eq(v, "true") || token_eq(v, "1") || token_eq(v, "yes")) {
+        *out = 1;
+        return VMM_OK;
+    }
+    if (token_eq(v, "false") || token_eq(v, "0") || token_eq(v, "no")) {
+        *out = 0;
+        return VMM_OK;
+    }
+    return bad_value(key, v, "true or false");
+}
+
+/* Unsigned decimal integer, whole token, no overflow. */
+static int parse_u64(token v, uint64_t *out)
+{
+    uint64_t x = 0;
+    if (v.len == 0)
+        return -1;
+    for (size_t i = 0; i < v.len; i++) {
+        if (!isdigit((unsigned char)v.s[i]))
+            return -1;
+        unsigned d = (unsigned)(v.s[i] - '0');
+        if (x > (UINT64_MAX - d) / 10)
+            return -1;
+        x = x * 10 + d;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_double(token v, double *out)
+{
+    char tmp[64];
+    char *end;
+    if (v.len == 0 || v.len >= sizeof tmp)
+        return -1;
+    memcpy(tmp, v.s, v.len);
+    tmp[v.len] = '\0';
+    errno = 0;
+    double x = strtod(tmp, &end);
+    if (*end != '\0' || errno != 0 || !isfinite(x))
+        return -1;
+    *out = x;
+    return 0;
+}
+
+int vmm_parse_size(const char *s, size_t len, size_t *out)
+{
+    size_t digits = 0;
+    while (digits < len && isdigit((unsigned char)s[digits]))
+        digits++;
+    uint64_t n;
+    if (parse_u64((token){s, digits}, &n) != 0)
+        return -1;
+    token suffix = {s + digits, len - digits};
+    unsigned shift;
+    if (suffix.len == 0 || token_eq(suffix, "b"))
+        shift = 0;
+    else if (token_eq(suffix, "k") || token_eq(suffix, "kb") || token_eq(suffix, "kib"))
+        shift = 10;
+    else if (token_eq(suffix, "m") || token_eq(suffix, "mb") || token_eq(suffix, "mib"))
+        shift = 20;
+    else if (token_eq(suffix, "g") || token_eq(suffix, "gb") || token_eq(suffix, "gib"))
+        shift = 30;
+    else if (token_eq(suffix, "t") || token_eq(suffix, "tb") || token_eq(suffix, "tib"))
+        shift = 40;
+    else
+        return -1;
+    if (shift && n > (SIZE_MAX >> shift))
+        return -1;
+    *out = (size_t)(n << shift);
+    return 0;
+}
+
+static int is_pow2(size_t x) { return x && !(x & (x - 1)); }
+
+static int format_size(char *buf, size_t len, size_t v)
+{
+    static const char *units[] = {"", "K", "M", "G", "T"};
+    unsigned u = 0;
+    while (u < 4 && v && (v & 1023) == 0) {
+        v >>= 10;
+        u++;
+    }
+    return snprintf(buf, len, "%zu%s", v, units[u]);
+}
+
+/* ---- one parser and formatter per key -------------------------------------------------------- */
+
+static int p_driver(vmm_config *c, const char *key, token v)
+{
+    if (token_eq(v, "sim"))
+        c->driver = VMM_DRIVER_SIM;
+    else if (token_eq(v, "cuda"))
+        c->driver = VMM_DRIVER_CUDA;
+    else
+        return bad_value(key, v, "cuda or sim");
+    return VMM_OK;
+}
+static int f_driver(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->driver == VMM_DRIVER_SIM ? "sim" : "cuda");
+}
+
+static int p_device(vmm_config *c, const char *key, token v)
+{
+    uint64_t x;
+    if (parse_u64(v, &x) != 0 || x > 1024)
+        return bad_value(key, v, "a device number 0..1024");
+    c->device = (int)x;
+    return VMM_OK;
+}
+static int f_device(const vmm_config *c, char *b, size_t n) { return snprintf(b, n, "%d", c->device); }
+
+static int p_expandable(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->expandable_segments);
+}
+static int f_expandable(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->expandable_segments ? "true" : "false");
+}
+
+static int p_max_split(vmm_config *c, const char *key, token v)
+{
+    uint64_t mb;
+    if (parse_u64(v, &mb) != 0 || mb > (SIZE_MAX >> 20))
+        return bad_value(key, v, "a number of MiB");
+    if (mb <= MAX_SPLIT_MIN_MB)
+        return vmm_fail(VMM_ECONFIG, "config key '%s': %llu MiB is too small (must be > %d)", key,
+                        (unsigned long long)mb, MAX_SPLIT_MIN_MB);
+    c->max_split_size = (size_t)mb << 20;
+    return VMM_OK;
+}
+static int f_max_split(const vmm_config *c, char *b, size_t n)
+{
+    if (c->max_split_size == SIZE_MAX)
+        return snprintf(b, n, "unlimited");
+    return snprintf(b, n, "%zu", c->max_split_size >> 20);
+}
+
+static int p_non_split(vmm_config *c, const char *key, token v)
+{
+    uint64_t mb;
+    if (parse_u64(v, &mb) != 0 || mb > (SIZE_MAX >> 21))
+        return bad_value(key, v, "a number of MiB");
+    c->max_non_split_rounding = (size_t)mb << 20;
+    return VMM_OK;
+}
+static int f_non_split(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%zu", c->max_non_split_rounding >> 20);
+}
+
+/* One number (a power of two, or 0/1 for none) for every interval, or a list
+ * [K:V,...,>:V] where K is a power-of-two MiB size naming an interval; intervals up to K that no
+ * earlier entry set get V, and '>' sets all the rest. */
+static int check_divisions(const char *key, token v, uint64_t d)
+{
+    if (d > 1 && !is_pow2((size_t)d))
+        return bad_value(key, v, "divisions that are powers of two");
+    if (d > 1024)
+        return bad_value(key, v, "at most 1024 divisions");
+    return VMM_OK;
+}
+
+static unsigned log2_floor(uint64_t x)
+{
+    unsigned r = 0;
+    while (x >>= 1)
+        r++;
+    return r;
+}
+
+static int p_pow2(vmm_config *c, const char *key, token v)
+{
+    unsigned div[VMM_POW2_INTERVALS] = {0};
+    uint64_t d;
+    if (v.len && v.s[0] != '[') {
+        if (parse_u64(v, &d) != 0)
+            return bad_value(key, v, "a number or a list [64:8,>:1]");
+        int rc = check_divisions(key, v, d);
+        if (rc)
+            return rc;
+        for (int i = 0; i < VMM_POW2_INTERVALS; i++)
+            div[i] = (unsigned)d;
+        memcpy(c->pow2_divisions, div, sizeof div);
+        return VMM_OK;
+    }
+    if (v.len < 2 || v.s[v.len - 1] != ']')
+        return bad_value(key, v, "a list in brackets");
+    size_t next_unset = 0;
+    const char *p = v.s + 1, *end = v.s + v.len - 1;
+    while (p < end) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *item_end = comma ? comma : end;
+        const char *colon = memchr(p, ':', (size_t)(item_end - p));
+        if (!colon)
+            return bad_value(key, v, "list items K:V");
+        token k = {p, (size_t)(colon - p)}, val = {colon + 1, (size_t)(item_end - colon - 1)};
+        if (parse_u64(val, &d) != 0)
+            return bad_value(key, v, "list values that are numbers");
+        int rc = check_divisions(key, v, d);
+        if (rc)
+            return rc;
+        size_t last;
+        if (k.len == 1 && k.s[0] == '>') {
+            last = VMM_POW2_INTERVALS - 1;
+        } else {
+            uint64_t mb;
+            if (parse_u64(k, &mb) != 0 || !is_pow2((size_t)mb))
+                return bad_value(key, v, "list keys that are power-of-two MiB sizes or '>'");
+            last = log2_floor(mb);
+            if (last >= VMM_POW2_INTERVALS)
+                last = VMM_POW2_INTERVALS - 1;
+        }
+        for (size_t i = next_unset; i <= last; i++)
+            div[i] = (unsigned)d;
+        if (last + 1 > next_unset)
+            next_unset = last + 1;
+        p = comma ? comma + 1 : end;
+    }
+    memcpy(c->pow2_divisions, div, sizeof div);
+    return VMM_OK;
+}
+static int f_pow2(const vmm_config *c, char *b, size_t n)
+{
+    int all_same = 1;
+    for (int i = 1; i < VMM_POW2_INTERVALS; i++)
+        all_same &= c->pow2_divisions[i] == c->pow2_divisions[0];
+    if (all_same)
+        return snprintf(b, n, "%u", c->pow2_divisions[0]);
+    int w = snprintf(b, n, "[");
+    for (int i = 0; i < VMM_POW2_INTERVALS; i++) {
+        size_t off = (size_t)w < n ? (size_t)w : n;
+        if (i == VMM_POW2_INTERVALS - 1)
+            w += snprintf(b + off, n - off, ">:%u]", c->pow2_divisions[i]);
+        else
+            w += snprintf(b + off, n - off, "%llu:%u,", 1ull << i, c->pow2_divisions[i]);
+    }
+    return w;
+}
+
+static int p_gc(vmm_config *c, const char *key, token v)
+{
+    double x;
+    if (parse_double(v, &x) != 0 || !(x > 0.0 && x < 1.0))
+        return bad_value(key, v, "a number strictly between 0 and 1");
+    c->garbage_collection_threshold = x;
+    return VMM_OK;
+}
+static int f_gc(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%g", c->garbage_collection_threshold);
+}
+
+static int p_fraction(vmm_config *c, const char *key, token v)
+{
+    double x;
+    if (parse_double(v, &x) != 0 || !(x > 0.0 && x <= 1.0))
+        return bad_value(key, v, "a number in (0, 1]");
+    c->per_process_memory_fraction = x;
+    return VMM_OK;
+}
+static int f_fraction(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%g", c->per_process_memory_fraction);
+}
+
+/* Sizes that must be powers of two of at least 4 KiB (page sizes, granularities). */
+static int parse_pow2_size(const char *key, token v, size_t *out)
+{
+    size_t x;
+    if (vmm_parse_size(v.s, v.len, &x) != 0 || !is_pow2(x) || x < 4 * VMM_KiB)
+        return bad_value(key, v, "a power-of-two size of at least 4K, e.g. 2M");
+    *out = x;
+    return VMM_OK;
+}
+
+static int p_small_page(vmm_config *c, const char *key, token v)
+{
+    return parse_pow2_size(key, v, &c->small_page_size);
+}
+static int f_small_page(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->small_page_size);
+}
+static int p_large_page(vmm_config *c, const char *key, token v)
+{
+    /* Not required to be a power of two: PyTorch's 20 MiB pages are a multiple of 2 MiB. */
+    size_t x;
+    if (vmm_parse_size(v.s, v.len, &x) != 0 || x < 4 * VMM_KiB || x % (4 * VMM_KiB))
+        return bad_value(key, v, "a size that is a multiple of 4K, e.g. 2M or 20M");
+    c->large_page_size = x;
+    return VMM_OK;
+}
+static int f_large_page(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->large_page_size);
+}
+
+static int p_sim_capacity(vmm_config *c, const char *key, token v)
+{
+    size_t x;
+    if (vmm_parse_size(v.s, v.len, &x) != 0 || x == 0)
+        return bad_value(key, v, "a size such as 80G");
+    c->sim.capacity = x;
+    return VMM_OK;
+}
+static int f_sim_capacity(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->sim.capacity);
+}
+static int p_sim_gran(vmm_config *c, const char *key, token v)
+{
+    return parse_pow2_size(key, v, &c->sim.granularity);
+}
+static int f_sim_gran(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->sim.granularity);
+}
+static int p_sim_backed(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->sim.backed);
+}
+static int f_sim_backed(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->sim.backed ? "true" : "false");
+}
+static int p_sim_vmm(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->sim.vmm_supported);
+}
+static int f_sim_vmm(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->sim.vmm_supported ? "true" : "false");
+}
+static int p_sim_cost_model(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->sim.cost_model);
+}
+static int f_sim_cost_model(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->sim.cost_model ? "true" : "false");
+}
+
+static int call_kind_from_token(token v)
+{
+    for (int k = 0; k < VMM_SIM_CALL_COUNT; k++)
+        if (token_eq(v, vmm_sim_call_name(k)))
+            return k;
+    return -3;
+}
+
+/* [kind:ns,kind:ns] overrides modeled costs of the listed call kinds. */
+static int p_sim_cost(vmm_config *c, const char *key, token v)
+{
+    uint64_t cost[VMM_SIM_CALL_COUNT];
+    memcpy(cost, c->sim.cost_ns, sizeof cost);
+    if (v.len < 2 || v.s[0] != '[' || v.s[v.len - 1] != ']')
+        return bad_value(key, v, "a list [mem_map:1450,set_access:36000] of nanoseconds");
+    const char *p = v.s + 1, *end = v.s + v.len - 1;
+    while (p < end) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *item_end = comma ? comma : end;
+        const char *colon = memchr(p, ':', (size_t)(item_end - p));
+        uint64_t ns;
+        if (!colon || parse_u64((token){colon + 1, (size_t)(item_end - colon - 1)}, &ns) != 0)
+            return bad_value(key, v, "list items kind:nanoseconds");
+        int kind = call_kind_from_token((token){p, (size_t)(colon - p)});
+        if (kind < 0)
+            return vmm_fail(VMM_ECONFIG, "config key '%s': unknown call kind '%.*s'", key,
+                            (int)(colon - p), p);
+        cost[kind] = ns;
+        p = comma ? comma + 1 : end;
+    }
+    memcpy(c->sim.cost_ns, cost, sizeof cost);
+    return VMM_OK;
+}
+static int f_sim_cost(const vmm_config *c, char *b, size_t n)
+{
+    int w = 0;
+    for (int k = 0; k < VMM_SIM_CALL_COUNT; k++) {
+        size_t off = (size_t)w < n ? (size_t)w : n;
+        w += snprintf(b + off, n - off, "%s%s:%llu", k ? "," : "[", vmm_sim_call_name(k),
+                      (unsigned long long)c->sim.cost_ns[k]);
+    }
+    size_t off = (size_t)w < n ? (size_t)w : n;
+    return w + snprintf(b + off, n - off, "]");
+}
+
+static int p_sim_fault_kind(vmm_config *c, const char *key, token v)
+{
+    int kind;
+    if (token_eq(v, "none"))
+        kind = -2;
+    else if (token_eq(v, "all"))
+        kind = -1;
+    else if ((kind = call_kind_from_token(v)) < 0)
+        return bad_value(key, v, "none, all or a call kind such as mem_map");
+    c->sim.fail_kind = kind;
+    return VMM_OK;
+}
+static int f_sim_fault_kind(const vmm_config *c, char *b, size_t n)
+{
+    if (c->sim.fail_kind == -2)
+        return snprintf(b, n, "none");
+    if (c->sim.fail_kind == -1)
+        return snprintf(b, n, "all");
+    return snprintf(b, n, "%s", vmm_sim_call_name(c->sim.fail_kind));
+}
+static int p_sim_fault_p(vmm_config *c, const char *key, token v)
+{
+    double x;
+    if (parse_double(v, &x) != 0 || x < 0.0 || x > 1.0)
+        return bad_value(key, v, "a probability in [0, 1]");
+    c->sim.fail_p = x;
+    return VMM_OK;
+}
+static int f_sim_fault_p(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%g", c->sim.fail_p);
+}
+static int p_sim_fault_seed(vmm_config *c, const char *key, token v)
+{
+    uint64_t x;
+    if (parse_u64(v, &x) != 0)
+        return bad_value(key, v, "an unsigned integer");
+    c->sim.fail_seed = x;
+    return VMM_OK;
+}
+static int f_sim_fault_seed(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%llu", (unsigned long long)c->sim.fail_seed);
+}
+
+/* Every key, in the order vmm_config_format prints them. */
+static const option_desc options[] = {
+    {"driver", p_driver, f_driver, "cuda|sim: the real GPU through libcuda.so.1, or the simulated device (default cuda)"},
+    {"device", p_device, f_device, "device ordinal (default 0)"},
+    {"expandable_segments", p_expandable, f_expandable,
+     "true: VA ranges that grow by mapping pages; false: classic cuMemAlloc segments (default true)"},
+    {"max_split_size_mb", p_max_split, f_max_split,
+     "blocks at least this large are never split; must be > 20 (default unlimited)"},
+    {"max_non_split_rounding_mb", p_non_split, f_non_split,
+     "an oversize request may take a cached block up to this much larger (default 20)"},
+    {"roundup_power2_divisions", p_pow2, f_pow2,
+     "round sizes up to N steps per power-of-two interval; N or [64:8,256:4,>:1] (default 0: 512 B steps)"},
+    {"garbage_collection_threshold", p_gc, f_gc,
+     "with a memory fraction below 1, free old cached blocks once reserved bytes pass this share of it (default 0: off)"},
+    {"per_process_memory_fraction", p_fraction, f_fraction,
+     "cap on reserved bytes, as a share of device memory (default 1)"},
+    {"small_page_size", p_small_page, f_small_page,
+     "bytes per mapped page in the small pool, a multiple of the granularity (default 2M)"},
+    {"large_page_size", p_large_page, f_large_page,
+     "bytes per mapped page in the large pool, a multiple of the granularity (default 2M)"},
+    {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
+    {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
+    {"sim_backed", p_sim_backed, f_sim_backed,
+     "true: simulated memory is real host memory; false: accounting only (default true)"},
+    {"sim_vmm_supported", p_sim_vmm, f_sim_vmm,
+     "false simulates a device without virtual memory management (default true)"},
+    {"sim_cost_model", p_sim_cost_model, f_sim_cost_model,
+     "add modeled driver-call costs to sim.driver_time_ns (default true)"},
+    {"sim_cost_ns", p_sim_cost, f_sim_cost,
+     "override modeled costs, [kind:ns,...] (defaults from measured CUDA costs; see docs)"},
+    {"sim_fault_kind", p_sim_fault_kind, f_sim_fault_kind,
+     "call kind that fails at random: none, all or a kind such as mem_map (default none)"},
+    {"sim_fault_p", p_sim_fault_p, f_sim_fault_p, "probability that such a call fails (default 0)"},
+    {"sim_fault_seed", p_sim_fault_seed, f_sim_fault_seed, "seed of the fault generator (default 1)"},
+};
+
+void vmm_config_defaults(vmm_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->driver = VMM_DRIVER_CUDA;
+    c->device = 0;
+    c->expandable_segments = 1;
+    c->max_split_size = SIZE_MAX;
+    c->max_non_split_rounding = 20 * VMM_MiB;
+    c->garbage_collection_threshold = 0.0;
+    c->per_process_memory_fraction = 1.0;
+    /* 2 MiB: the CUDA granularity on current GPUs, so a free hole never strands more than 2 MiB. */
+    c->small_page_size = 2 * VMM_MiB;
+    c->large_page_size = 2 * VMM_MiB;
+    vmm_sim_default_options(&c->sim);
+}
+
+/* Split the next "key:value" item at *pp, honouring [..] nesting so list values may hold commas. */
+static int next_item(const char **pp, token *key, token *val)
+{
+    const char *p = *pp;
+    while (*p == ',' || isspace((unsigned char)*p))
+        p++;
+    if (!*p)
+        return 0;
+    const char *start = p;
+    int depth = 0;
+    while (*p && !(depth == 0 && *p == ',')) {
+        depth += (*p == '[') - (*p == ']');
+        p++;
+    }
+    const char *end = p;
+    while (end > start && isspace((unsigned char)end[-1]))
+        end--;
+    const char *colon = memchr(start, ':', (size_t)(end - start));
+    *key = (token){start, colon ? (size_t)(colon - start) : (size_t)(end - start)};
+    *val = colon ? (token){colon + 1, (size_t)(end - colon - 1)} : (token){end, 0};
+    while (key->len && isspace((unsigned char)key->s[key->len - 1]))
+        key->len--;
+    while (val->len && isspace((unsigned char)val->s[0])) {
+        val->s++;
+        val->len--;
+    }
+    *pp = p;
+    return colon ? 1 : -1;
+}
+
+int vmm_config_parse(vmm_config *c, const char *conf)
+{
+    if (!conf)
+        return VMM_OK;
+    vmm_config tmp = *c; /* all or nothing */
+    const char *p = conf;
+    token key, val;
+    int r;
+    while ((r = next_item(&p, &key, &val)) != 0) {
+        char name[KEY_MAX];
+        snprintf(name, sizeof name, "%.*s", (int)(key.len < KEY_MAX - 1 ? key.len : KEY_MAX - 1), key.s);
+        if (r < 0)
+            return vmm_fail(VMM_ECONFIG, "config: item '%s' has no ':value'", name);
+        const option_desc *o = NULL;
+        for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+            if (strlen(options[i].key) == key.len && memcmp(options[i].key, key.s, key.len) == 0)
+                o = &options[i];
+        if (!o)
+            return vmm_fail(VMM_ECONFIG, "config: unknown key '%s'", name);
+        int rc = o->parse(&tmp, o->key, val);
+        if (rc != VMM_OK)
+            return rc;
+    }
+    *c = tmp;
+    return VMM_OK;
+}
+
+int vmm_config_load(vmm_config *c, const char *conf)
+{
+    vmm_config tmp;
+    vmm_config_defaults(&tmp);
+    const char *env = getenv("VMMALLOC_CONF");
+    if (env && strlen(env) > CONF_ENV_MAX)
+        return vmm_fail(VMM_ECONFIG, "VMMALLOC_CONF is longer than %d characters", CONF_ENV_MAX);
+    int rc = vmm_config_parse(&tmp, env);
+    if (rc != VMM_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", vmm_last_error());
+        return vmm_fail(rc, "VMMALLOC_CONF: %s", msg);
+    }
+    rc = vmm_config_parse(&tmp, conf);
+    if (rc != VMM_OK)
+        return rc;
+    *c = tmp;
+    return VMM_OK;
+}
+
+int vmm_config_format(const vmm_config *c, char *buf, size_t len)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
+        char val[1024];
+        options[i].format(c, val, sizeof val);
+        int n = snprintf(buf + (w < len ? w : len), w < len ? len - w : 0, "%s%s:%s", i ? "," : "",
+                         options[i].key, val);
+        w += (size_t)n;
+    }
+    if (w >= len)
+        return VMM_ERANGE;
+    return (int)w;
+}
+
+/* Key table for docs and the --help of programs: key i's name and text, NULL past the end. */
+const char *vmm_config_key_doc(size_t i, const char **doc)
+{
+    if (i >= sizeof options / sizeof options[0])
+        return NULL;
+    if (doc)
+        *doc = options[i].doc;
+    return options[i].key;
+}

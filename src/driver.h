@@ -1,0 +1,153 @@
+/*
+ * The driver interface: everything vmmalloc asks of a GPU, as one table of functions.
+ *
+ * Two implementations: drv_cuda.c (the CUDA Driver API, loaded at run time with dlopen +
+ * cuGetProcAddress, on the device's primary context) and drv_sim.c (a simulated GPU in host memory).
+ * Nothing above this layer knows which one it talks to.
+ *
+ * Contract
+ * --------
+ * Return values. Every op returns a vmm_drv_result: VMM_DRV_SUCCESS (0) or an error kind whose
+ * numeric value equals the CUresult the CUDA driver returns in that case, so the cuda
+ * implementation passes results through and the sim returns what CUDA would:
+ *   INVALID_VALUE    misaligned size/address/offset, size 0, a range outside its reservation,
+ *                    mapping over a mapped range, unmapping a range that is not fully mapped,
+ *                    freeing a VA range that still has mappings, a pointer mem_free doesn't know.
+ *   OUT_OF_MEMORY    mem_create / mem_alloc / va_reserve beyond what the device (or VA) has.
+ *   INVALID_HANDLE   a released or unknown physical handle, stream or event (release twice).
+ *   NOT_READY        event_query: the event's work has not completed yet (not a failure).
+ *   NOT_SUPPORTED    the device cannot do it (no VMM support).
+ *   NOT_INITIALIZED / NO_DEVICE / INVALID_DEVICE   driver or device unusable (open only).
+ *   UNKNOWN          an injected or unexplained failure.
+ * A failed op changes no state.
+ *
+ * Alignment. `granularity` (device_info) is the unit of physical memory: mem_create sizes, and the
+ * va, size and offset of mem_map / mem_unmap / set_access, must be multiples of it. va_reserve
+ * sizes must be multiples of it; its alignment argument is 0 (granularity) or a power-of-two
+ * multiple. mem_alloc has no alignment rule and returns 256-byte aligned pointers (sim: 512).
+ *
+ * Mappings. As in CUDA today, mem_map maps a whole handle: offset must be 0 and size must equal the
+ * handle's size. A handle may be mapped at several places at once, and unmapped and mapped again
+ * elsewhere; its contents stay with it. mem_unmap(va, size) must name exactly one earlier mem_map
+ * range (CUDA cannot unmap part of a mapping). set_access may span several adjacent mappings (one
+ * call per contiguous run is the cheap way). A handle's memory returns to the device only when it is
+ * released *and* no longer mapped. Memory may not be touched before set_access.
+ *
+ * Streams and events. Streams are opaque pointers; NULL is the default stream. Work on one stream
+ * runs in FIFO order. event_record captures the work queued on a stream so far; event_query returns
+ * SUCCESS once that work has run, NOT_READY before; event_sync blocks until then. An event never
+ * recorded counts as complete. stream_wait_event makes later work on a stream wait for the event
+ * without blocking the host. launch_host runs fn(arg) in stream order (cuLaunchHostFunc); fn must
+ * not call the driver. mem_free synchronizes the device first, as cuMemFree does; no other op
+ * synchronizes anything (mem_unmap and mem_release do not wait for queued work: callers must prove
+ * memory idle with an event first).
+ *
+ * Thread safety. Every op may be called from any thread concurrently; implementations lock what
+ * they share. Callbacks from launch_host run on a driver-owned thread.
+ */
+#ifndef VMM_DRIVER_H
+#define VMM_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmmalloc.h"
+#include "vmmalloc_sim.h"
+
+typedef enum vmm_drv_result {
+    VMM_DRV_SUCCESS = 0,
+    VMM_DRV_INVALID_VALUE = 1,
+    VMM_DRV_OUT_OF_MEMORY = 2,
+    VMM_DRV_NOT_INITIALIZED = 3,
+    VMM_DRV_NO_DEVICE = 100,
+    VMM_DRV_INVALID_DEVICE = 101,
+    VMM_DRV_INVALID_HANDLE = 400,
+    VMM_DRV_NOT_READY = 600,
+    VMM_DRV_NOT_SUPPORTED = 801,
+    VMM_DRV_UNKNOWN = 999,
+} vmm_drv_result;
+
+/* Name of a result ("CUDA_ERROR_INVALID_VALUE" style) for messages. */
+const char *vmm_drv_result_name(int r);
+
+typedef uint64_t vmm_phys; /* physical allocation handle (CUmemGenericAllocationHandle); 0 is none */
+typedef void *vmm_event;   /* CUevent or a sim event */
+
+typedef struct vmm_device_info {
+    size_t total_bytes;      /* device memory */
+    size_t granularity;      /* minimum allocation granularity for mem_create / map */
+    size_t recommended_granularity;
+    int vmm_supported;       /* virtual memory management available */
+    int ordinal;             /* device number */
+    char name[64];           /* "sim" or the GPU's name */
+} vmm_device_info;
+
+typedef struct vmm_driver vmm_driver;
+
+typedef struct vmm_driver_ops {
+    const char *name; /* "cuda" or "sim" */
+    int (*device_info)(vmm_driver *d, vmm_device_info *out);
+    int (*mem_get_info)(vmm_driver *d, size_t *free_bytes, size_t *total_bytes);
+    int (*va_reserve)(vmm_driver *d, size_t size, size_t alignment, uintptr_t *va);
+    int (*va_free)(vmm_driver *d, uintptr_t va, size_t size);
+    int (*mem_create)(vmm_driver *d, size_t size, vmm_phys *out);
+    int (*mem_release)(vmm_driver *d, vmm_phys h);
+    int (*mem_map)(vmm_driver *d, uintptr_t va, size_t size, size_t offset, vmm_phys h);
+    int (*mem_unmap)(vmm_driver *d, uintptr_t va, size_t size);
+    int (*set_access)(vmm_driver *d, uintptr_t va, size_t size);
+    int (*mem_alloc)(vmm_driver *d, size_t size, uintptr_t *out);
+    int (*mem_free)(vmm_driver *d, uintptr_t ptr);
+    int (*stream_create)(vmm_driver *d, void **out);
+    int (*stream_destroy)(vmm_driver *d, void *s);
+    int (*stream_sync)(vmm_driver *d, void *s);
+    int (*device_sync)(vmm_driver *d);
+    int (*event_create)(vmm_driver *d, vmm_event *out);
+    int (*event_record)(vmm_driver *d, vmm_event e, void *s);
+    int (*event_query)(vmm_driver *d, vmm_event e);
+    int (*event_sync)(vmm_driver *d, vmm_event e);
+    int (*event_destroy)(vmm_driver *d, vmm_event e);
+    int (*stream_wait_event)(vmm_driver *d, void *s, vmm_event e);
+    int (*launch_host)(vmm_driver *d, void *s, void (*fn)(void *), void *arg);
+    /* Stream-ordered fill of n 32-bit words at va with value (cuMemsetD32Async). */
+    int (*memset32)(vmm_driver *d, uintptr_t va, uint32_t value, size_t n, void *s);
+    /* Stream-ordered copy of n bytes from device va to host memory (cuMemcpyDtoHAsync). */
+    int (*memcpy_dtoh)(vmm_driver *d, void *dst, uintptr_t va, size_t n, void *s);
+    /* Physical handle mapped at the page containing va, or 0 and INVALID_VALUE when unmapped.
+     * Used by vmm_check to compare the allocator's page table with the driver's. */
+    int (*lookup_mapping)(vmm_driver *d, uintptr_t va, vmm_phys *out);
+    /* Tear the driver down: releases the context / the simulated device. Resources still live are
+     * counted as leaks by the sim but freed all the same. */
+    void (*close)(vmm_driver *d);
+} vmm_driver_ops;
+
+/* Every implementation starts its state with this header. */
+struct vmm_driver {
+    const vmm_driver_ops *ops;
+    int is_sim;
+};
+
+/* Options of the simulated device (set from the sim_* config keys). */
+typedef struct vmm_sim_options {
+    size_t capacity;         /* bytes; default 80 GiB */
+    size_t granularity;      /* bytes, power of two; default 2 MiB */
+    int backed;              /* 1: physical handles are real memfd memory; 0: accounting only */
+    int vmm_supported;       /* 0 simulates a device without VMM support */
+    int cost_model;          /* 1: add modeled per-call costs to driver_time_ns */
+    uint64_t cost_ns[VMM_SIM_CALL_COUNT]; /* modeled cost per call kind, nanoseconds */
+    int fail_kind;           /* -2: none; -1 all kinds; else a VMM_SIM_CALL_* with fail_p */
+    double fail_p;
+    uint64_t fail_seed;
+} vmm_sim_options;
+
+/* drv_sim.c */
+void vmm_sim_default_options(vmm_sim_options *o);
+int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
+int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
+int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);
+int vmm_sim_driver_fail_random(vmm_driver *d, int kind, double p, uint64_t seed);
+
+/* drv_cuda.c: opens libcuda.so.1 and device `ordinal` on its primary context. Returns a
+ * vmm_drv_result; when the library or device is missing, msg (if non-NULL) gets a short reason. */
+int vmm_driver_cuda_open(int ordinal, vmm_driver **out, char *msg, size_t msg_len);
+
+#endif /* VMM_DRIVER_H */

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building and testing vmmalloc needs, from Debian's packages. As root it runs apt-get;
+# otherwise it prints the exact command and stops with status 1. Idempotent and quiet when all is there.
+set -euo pipefail
+
+need=()
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+have_cmd cmake || need+=(cmake)
+have_cmd cc || need+=(gcc)
+have_cmd make || need+=(make)
+have_cmd pkg-config || need+=(pkg-config)
+have_cmd python3 || need+=(python3)
+have_cmd gnuplot || need+=(gnuplot-nox)
+[ -f /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
+
+[ ${#need[@]} -eq 0 ] && exit 0
+
+cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${need[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+    echo "vmmalloc needs: ${need[*]}. Run as root:" >&2
+    echo "  $cmd" >&2
+    exit 1
+fi
+echo "vmmalloc: installing ${need[*]}" >&2
+apt-get update -qq >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
