@@ -90,4 +90,218 @@ void vmm_meta_free(vmm_meta *m, void *p, size_t size);
 int64_t vmm_meta_bytes(const vmm_meta *m);           /* bytes currently allocated */
 const char *vmm_meta_backend(const vmm_meta *m);      /* "jemalloc-arena" or "libc" */
 
+
+/* ---- allocator state (defined by alloc.c; shared by segment.c, pool.c, events.c, stats.c) ---- */
+
+#include <pthread.h>
+
+/* Pool index inside the allocator; stats index is pool + 1 (VMM_POOL_SMALL / VMM_POOL_LARGE). */
+enum { VMM_SMALL = 0, VMM_LARGE = 1, VMM_NPOOLS = 2 };
+
+typedef enum vmm_block_state {
+    VMM_BLOCK_FREE = 0,      /* mapped, cached, in the free index */
+    VMM_BLOCK_UNMAPPED = 1,  /* page aligned VA with no physical pages, in the unmapped index */
+    VMM_BLOCK_ALLOCATED = 2, /* handed out, in the live table */
+    VMM_BLOCK_PENDING = 3,   /* freed, waiting for events of other streams (deferred list) */
+} vmm_block_state;
+
+typedef struct vmm_block vmm_block;
+typedef struct vmm_segment vmm_segment;
+typedef struct vmm_stream_rec vmm_stream_rec;
+
+struct vmm_block {
+    uintptr_t addr;
+    size_t size;
+    size_t requested;          /* bytes asked for (allocated / pending blocks) */
+    vmm_segment *seg;
+    vmm_block *prev, *next;    /* address neighbours inside the segment */
+    vmm_block *left, *right;   /* free-index treap children */
+    uint32_t prio;             /* treap priority */
+    uint8_t state;             /* vmm_block_state */
+    uint8_t in_index;          /* 1 while in a free / unmapped treap */
+    uint64_t free_seq;         /* own stream's free sequence number when last freed */
+    uint64_t gc_stamp;         /* allocator malloc count when freed (garbage collection age) */
+    vmm_stream *uses;          /* record_stream streams other than the block's own */
+    uint32_t n_uses, cap_uses;
+    vmm_event *events;         /* pending: one event per used stream */
+    uint32_t n_events, cap_events;
+    vmm_block *dprev, *dnext;  /* deferred list links */
+};
+
+struct vmm_segment {
+    uintptr_t base;            /* VA reservation (expandable) or mem_alloc pointer (classic) */
+    size_t size;
+    vmm_stream stream;
+    vmm_stream_rec *srec;
+    int pool;                  /* VMM_SMALL / VMM_LARGE */
+    int expandable;
+    size_t page_size;          /* expandable: bytes per page */
+    size_t n_pages;
+    vmm_phys *pages;           /* expandable: handle mapped at each page, 0 when unmapped */
+    size_t mapped_pages;
+    vmm_block *first;          /* lowest block */
+    vmm_segment *prev, *next;  /* allocator's segment list */
+};
+
+typedef struct vmm_fence {
+    vmm_event ev;
+    uint64_t seq;              /* stream sequence number covered */
+    struct vmm_fence *next;
+} vmm_fence;
+
+struct vmm_stream_rec {
+    vmm_stream stream;
+    uint64_t seq;              /* frees stamped on this stream so far */
+    uint64_t done_seq;         /* highest sequence number proven complete by a fence */
+    vmm_fence *fences, *fences_tail; /* outstanding fences, oldest first */
+    vmm_stream_rec *next;
+};
+
+typedef struct vmm_free_handle {
+    vmm_phys h;
+    size_t size;
+    int pool;                  /* pool its bytes are counted in (where it was last mapped) */
+} vmm_free_handle;
+
+struct vmm_allocator {
+    pthread_mutex_t lock;
+    vmm_config cfg;
+    vmm_driver *drv;
+    vmm_meta *meta;
+    vmm_device_info dev;
+    size_t cap;                        /* most reserved bytes allowed (memory fraction) */
+    size_t page_size[VMM_NPOOLS];
+    size_t va_size[VMM_NPOOLS];        /* default VA reservation size per pool */
+    vmm_block *free_tree[VMM_NPOOLS];  /* mapped free blocks by (stream, size, addr) */
+    vmm_block *unmapped_tree[VMM_NPOOLS];
+    size_t n_free_blocks, n_unmapped_blocks;
+    vmm_block **live;                  /* open addressing ptr -> block */
+    size_t live_cap, live_n;
+    vmm_segment *segs;
+    size_t n_segs;
+    vmm_free_handle *fh;               /* per-device cache of unmapped physical handles */
+    size_t n_fh, cap_fh;
+    size_t n_handles;                  /* physical handles created and not released */
+    vmm_event *ev_pool;                /* idle events */
+    size_t n_ev_pool, cap_ev_pool;
+    size_t n_events;                   /* events created and not destroyed */
+    vmm_block *deferred;               /* pending frees */
+    size_t n_deferred;
+    vmm_stream_rec *streams;
+    vmm_stream *sim_streams;           /* streams made with vmm_sim_stream_create */
+    size_t n_sim_streams, cap_sim_streams;
+    vmm_block *block_cache;            /* recycled block records (linked through ->next) */
+    size_t n_block_cache;
+    uint64_t malloc_count;
+    vmm_stats stats;
+    struct vmm_pinned *pinned;         /* pinned host memory cache (pinned.c), made on first use */
+};
+
+/* ---- stats.c ------------------------------------------------------------------------------ */
+
+/* Add delta to st[ALL] and st[pool + 1] (current, peak, allocated / freed). */
+void vmm_stat_update(vmm_stat *st, int pool, int64_t delta);
+/* Same for a single counter. */
+void vmm_stat_add(vmm_stat *s, int64_t delta);
+
+/* ---- pool.c ------------------------------------------------------------------------------- */
+
+size_t vmm_round_size(const vmm_config *c, size_t size);
+int vmm_pool_of(size_t rounded);
+/* Classic segment size for a rounded request (2 MiB / 20 MiB / round up to 2 MiB). */
+size_t vmm_classic_segment_size(size_t rounded);
+vmm_block *vmm_block_new(vmm_allocator *a);
+void vmm_block_delete(vmm_allocator *a, vmm_block *b);
+/* Free the recycled records (destroy). */
+void vmm_block_cache_drain(vmm_allocator *a);
+/* Treap over (stream, size, addr). */
+void vmm_tree_insert(vmm_block **root, vmm_block *b);
+void vmm_tree_erase(vmm_block **root, vmm_block *b);
+vmm_block *vmm_tree_lower_bound(vmm_block *root, vmm_stream s, size_t size, uintptr_t addr);
+vmm_block *vmm_tree_next(vmm_block *root, const vmm_block *b);
+int vmm_tree_contains(vmm_block *root, const vmm_block *b);
+/* Put a FREE / UNMAPPED block in its index (and inactive_split stats), take it out. */
+void vmm_pool_insert(vmm_allocator *a, vmm_block *b);
+void vmm_pool_erase(vmm_allocator *a, vmm_block *b);
+/* Best-fit mapped free block of `stream` for a rounded size, PyTorch's max_split rules. */
+vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size);
+/* Split b (not in an index) so it keeps `size` bytes; returns the remainder (same state, not indexed). */
+vmm_block *vmm_block_split(vmm_allocator *a, vmm_block *b, size_t size);
+/* The same with a record the caller allocated (cannot fail). */
+void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size);
+/* Merge b (not in an index, FREE or UNMAPPED) with neighbours of the same state; returns the result
+ * (not indexed). */
+vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b);
+/* Take a block out of the free index for an allocation of `size` (rounded), split if the rules say
+ * so, mark it allocated and live, update stats. */
+int vmm_pool_take(vmm_allocator *a, vmm_block *b, size_t size, size_t requested);
+/* Return an allocated / pending block to its pool (merge, index, stats). */
+void vmm_pool_release(vmm_allocator *a, vmm_block *b);
+/* Live table. */
+int vmm_live_insert(vmm_allocator *a, vmm_block *b);
+vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr);
+void vmm_live_remove(vmm_allocator *a, vmm_block *b);
+void vmm_live_free_table(vmm_allocator *a);
+
+/* ---- events.c ----------------------------------------------------------------------------- */
+
+/* Stream record of s (created on first use); NULL when out of host memory. */
+vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s);
+int vmm_event_get(vmm_allocator *a, vmm_event *out);
+void vmm_event_put(vmm_allocator *a, vmm_event e);
+/* Record events on the block's used streams and put it on the deferred list. */
+int vmm_defer_free(vmm_allocator *a, vmm_block *b);
+/* Poll pending frees; completed ones return to their pool. Never blocks. */
+void vmm_events_process(vmm_allocator *a);
+/* Wait for every pending free (counts num_event_waits); returns how many were waited on. */
+size_t vmm_events_wait_all(vmm_allocator *a);
+/* Poll outstanding fences (no blocking). */
+void vmm_fences_poll(vmm_allocator *a);
+/* Record a fence on every stream with frees not yet covered by one. */
+void vmm_fences_record(vmm_allocator *a);
+/* Wait on outstanding fences (counts num_event_waits); returns how many were waited on. */
+size_t vmm_fences_wait(vmm_allocator *a);
+/* Memory of a FREE block proven idle (no queued work can still touch it). */
+int vmm_block_idle(const vmm_block *b);
+/* Destroy: wait all, return events, destroy every event and stream record. */
+void vmm_events_shutdown(vmm_allocator *a);
+/* Forget fences of a stream that is being destroyed (its work has run). */
+void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s);
+
+/* ---- segment.c ---------------------------------------------------------------------------- */
+
+/* Expandable: map pages so that a free range of `size` bytes exists for stream/pool, and return
+ * that FREE block (indexed). VMM_ENOMEM with *short_pages = handles missing when physical memory is
+ * short; other codes for driver failures (state unchanged). */
+int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
+                 size_t *short_pages);
+/* Unmap idle whole pages inside FREE blocks until `want` handles were freed (SIZE_MAX: all).
+ * Returns the number of pages unmapped. */
+size_t vmm_seg_reclaim(vmm_allocator *a, size_t want);
+/* Release cached handles to the driver (all, or just those not of `keep_size`, until `need`
+ * bytes were released); returns bytes released. */
+size_t vmm_handles_release(vmm_allocator *a, size_t keep_size, size_t need);
+/* Free reservations that are wholly unmapped. */
+void vmm_seg_free_empty(vmm_allocator *a);
+/* Classic: cuMemAlloc a segment for a rounded request; returns its FREE block (indexed). */
+int vmm_seg_classic_alloc(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size,
+                          vmm_block **out);
+/* Classic: free cached whole segments (only >= min_size; stop once `need` bytes freed). */
+size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, int oldest_first);
+/* Destroy every segment, handle and record. */
+void vmm_seg_destroy_all(vmm_allocator *a);
+/* Sum of bytes of cached handles, per pool (for stats checks). */
+size_t vmm_handles_bytes(const vmm_allocator *a, int pool);
+
+/* ---- pinned.c ----------------------------------------------------------------------------- */
+
+/* Wait for pending pinned frees, return every pinned block and event to the driver, free the
+ * state; called by vmm_destroy before the driver closes. No-op when pinned memory was never used. */
+void vmm_pinned_destroy(vmm_allocator *a);
+
+/* ---- alloc.c ------------------------------------------------------------------------------ */
+
+void vmm_lock(vmm_allocator *a);
+void vmm_unlock(vmm_allocator *a);
+
 #endif /* VMM_INTERNAL_H */

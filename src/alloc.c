@@ -1,0 +1,415 @@
+/*
+ * The allocator's public entry points and the malloc path. One mutex per allocator (as PyTorch):
+ * every public function takes it, so any of them may be called from any thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum {
+    MAX_REQUEST_SHIFT = 62,   /* sizes at or above 2^62 can't be rounded without overflow */
+    GROW_ATTEMPTS = 6,        /* grow / reclaim rounds before giving up (each must progress) */
+};
+
+void vmm_lock(vmm_allocator *a) { pthread_mutex_lock(&a->lock); }
+void vmm_unlock(vmm_allocator *a) { pthread_mutex_unlock(&a->lock); }
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+/* ---- create / destroy --------------------------------------------------------------------- */
+
+static int open_driver(vmm_allocator *a)
+{
+    int r;
+    if (a->cfg.driver == VMM_DRIVER_SIM) {
+        r = vmm_driver_sim_open(&a->cfg.sim, &a->drv);
+        if (r)
+            return vmm_fail_drv(r, "vmm_create: opening the simulated device");
+    } else {
+        char msg[256] = "";
+        r = vmm_driver_cuda_open(a->cfg.device, &a->drv, msg, sizeof msg);
+        if (r)
+            return vmm_fail(vmm_status_from_drv(r), "vmm_create: cuda driver, device %d: %s (%s)",
+                            a->cfg.device, msg, vmm_drv_result_name(r));
+    }
+    return VMM_OK;
+}
+
+static int setup_device(vmm_allocator *a)
+{
+    int r = a->drv->ops->device_info(a->drv, &a->dev);
+    if (r)
+        return vmm_fail_drv(r, "vmm_create: device_info");
+    size_t g = a->dev.granularity ? a->dev.granularity : 2 * VMM_MiB;
+    if (a->cfg.expandable_segments && !a->dev.vmm_supported)
+        return vmm_fail(VMM_ENODEV, "vmm_create: device %d (%s) has no virtual memory management; "
+                                    "use expandable_segments:false", a->dev.ordinal, a->dev.name);
+    const char *keys[VMM_NPOOLS] = {"small_page_size", "large_page_size"};
+    size_t ps[VMM_NPOOLS] = {a->cfg.small_page_size, a->cfg.large_page_size};
+    for (int p = 0; p < VMM_NPOOLS; p++) {
+        if (ps[p] == 0 || ps[p] % g)
+            return vmm_fail(VMM_ECONFIG, "%s: %zu is not a multiple of the device granularity %zu",
+                            keys[p], ps[p], g);
+        a->page_size[p] = ps[p];
+    }
+    double cap = (double)a->dev.total_bytes * a->cfg.per_process_memory_fraction;
+    a->cap = (size_t)cap / g * g;
+    a->va_size[VMM_LARGE] = round_up(a->dev.total_bytes, a->page_size[VMM_LARGE]);
+    size_t small = round_up(a->dev.total_bytes / 16, a->page_size[VMM_SMALL]);
+    a->va_size[VMM_SMALL] = small > 16 * a->page_size[VMM_SMALL] ? small : 16 * a->page_size[VMM_SMALL];
+    a->stats.max_split_size = a->cfg.max_split_size == SIZE_MAX ? -1 : (int64_t)a->cfg.max_split_size;
+    return VMM_OK;
+}
+
+VMM_API int vmm_create(const char *conf, vmm_allocator **out)
+{
+    if (!out)
+        return vmm_fail(VMM_EINVAL, "vmm_create: out is NULL");
+    *out = NULL;
+    vmm_allocator *a = calloc(1, sizeof *a);
+    if (!a)
+        return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
+    int rc = vmm_config_load(&a->cfg, conf);
+    if (!rc)
+        rc = vmm_meta_open(&a->meta);
+    if (!rc)
+        rc = open_driver(a);
+    if (!rc)
+        rc = setup_device(a);
+    if (!rc && pthread_mutex_init(&a->lock, NULL))
+        rc = vmm_fail(VMM_EHOSTMEM, "vmm_create: pthread_mutex_init failed");
+    if (rc) {
+        if (a->drv)
+            a->drv->ops->close(a->drv);
+        if (a->meta)
+            vmm_meta_close(a->meta);
+        free(a);
+        return rc;
+    }
+    *out = a;
+    return VMM_OK;
+}
+
+VMM_API void vmm_destroy(vmm_allocator *a)
+{
+    if (!a)
+        return;
+    vmm_lock(a);
+    vmm_pinned_destroy(a);
+    vmm_events_shutdown(a);
+    if (a->live_n) {
+        size_t bytes = 0;
+        for (size_t i = 0; i < a->live_cap; i++)
+            if (a->live[i])
+                bytes += a->live[i]->size;
+        fprintf(stderr, "vmmalloc: vmm_destroy: %zu live block(s), %zu bytes, still allocated; "
+                        "returning their memory anyway\n", a->live_n, bytes);
+    }
+    vmm_live_free_table(a);
+    vmm_seg_destroy_all(a);
+    vmm_block_cache_drain(a);
+    for (size_t i = 0; i < a->n_sim_streams; i++)
+        a->drv->ops->stream_destroy(a->drv, a->sim_streams[i]);
+    if (a->sim_streams)
+        vmm_meta_free(a->meta, a->sim_streams, a->cap_sim_streams * sizeof *a->sim_streams);
+    a->drv->ops->close(a->drv);
+    vmm_meta_close(a->meta);
+    vmm_unlock(a);
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+/* ---- malloc path -------------------------------------------------------------------------- */
+
+static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
+{
+    size_t free_b = 0, total = a->dev.total_bytes;
+    if (a->drv->ops->mem_get_info(a->drv, &free_b, &total))
+        free_b = 0;
+    a->stats.num_ooms++;
+    const vmm_stats *s = &a->stats;
+    double mib = (double)VMM_MiB;
+    return vmm_fail(VMM_ENOMEM,
+                    "vmmalloc: out of memory. Tried to allocate %.2f MiB (%zu bytes, %zu after rounding) "
+                    "on device %d (%s), total capacity %.2f MiB, of which %.2f MiB is free; "
+                    "this allocator may use %.2f MiB. Allocated by this allocator: %.2f MiB; "
+                    "reserved but unallocated: %.2f MiB (cached handles %.2f MiB). Tried: %s.",
+                    (double)size / mib, size, rounded, a->dev.ordinal, a->dev.name,
+                    (double)total / mib, (double)free_b / mib, (double)a->cap / mib,
+                    (double)s->allocated_bytes[0].current / mib,
+                    (double)(s->reserved_bytes[0].current - s->allocated_bytes[0].current) / mib,
+                    (double)vmm_handles_bytes(a, -1) / mib, tried);
+}
+
+/* garbage_collection_threshold: with a memory fraction set, give back cached memory once reserved
+ * bytes pass threshold x cap (PyTorch frees old unsplit cached blocks; we free the oldest whole
+ * classic segments, or idle free pages and their handles). */
+static void collect_garbage(vmm_allocator *a)
+{
+    double th = a->cfg.garbage_collection_threshold;
+    if (th <= 0.0 || a->cfg.per_process_memory_fraction >= 1.0)
+        return;
+    size_t limit = (size_t)(th * (double)a->cap);
+    size_t reserved = (size_t)a->stats.reserved_bytes[0].current;
+    if (reserved <= limit)
+        return;
+    size_t need = reserved - limit;
+    if (!a->cfg.expandable_segments) {
+        vmm_seg_classic_release(a, 0, need, 1);
+        return;
+    }
+    vmm_fences_poll(a);
+    size_t cached = vmm_handles_bytes(a, -1);
+    if (cached < need)
+        vmm_seg_reclaim(a, (need - cached + a->page_size[VMM_LARGE] - 1) / a->page_size[VMM_LARGE]);
+    vmm_handles_release(a, 0, need);
+}
+
+static int malloc_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size,
+                             vmm_block **out, char *tried, size_t tried_len)
+{
+    int retried = 0, rc = VMM_ENOMEM;
+    size_t off = 0;
+    for (int attempt = 0; attempt < GROW_ATTEMPTS; attempt++) {
+        size_t short_pages = 0;
+        rc = vmm_seg_grow(a, sr, pool, size, out, &short_pages);
+        if (rc != VMM_ENOMEM)
+            return rc;
+        if (!retried) {
+            a->stats.num_alloc_retries++;
+            retried = 1;
+        }
+        size_t got;
+        if (attempt == 0) {
+            /* idle pages first, as few as the request lacks */
+            vmm_fences_poll(a);
+            got = vmm_seg_reclaim(a, short_pages);
+            off += (size_t)snprintf(tried + off, tried_len - off, "remapping %zu idle page(s)", got);
+        } else if (attempt == 1) {
+            vmm_fences_poll(a);
+            got = vmm_seg_reclaim(a, SIZE_MAX);
+        } else if (attempt == 2) {
+            /* fence the streams with frees no fence covers yet; they may be done already */
+            vmm_fences_record(a);
+            vmm_fences_poll(a);
+            vmm_events_process(a);
+            got = vmm_seg_reclaim(a, SIZE_MAX);
+        } else if (attempt == 3) {
+            /* last resort: wait for the events guarding the memory we need */
+            size_t waits = vmm_events_wait_all(a);
+            vmm_fences_record(a);
+            waits += vmm_fences_wait(a);
+            got = vmm_seg_reclaim(a, SIZE_MAX);
+            if (off < tried_len)
+                off += (size_t)snprintf(tried + off, tried_len - off, ", waiting on %zu event(s)",
+                                        waits);
+            if (waits)
+                got++;
+        } else {
+            got = 0;
+        }
+        if (!got && attempt >= 3)
+            break;
+    }
+    if (off < tried_len)
+        snprintf(tried + off, tried_len - off, ", unmapping every idle page");
+    return rc;
+}
+
+static int malloc_classic(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size,
+                          vmm_block **out, char *tried, size_t tried_len)
+{
+    int rc = vmm_seg_classic_alloc(a, sr, pool, size, out);
+    if (rc != VMM_ENOMEM)
+        return rc;
+    a->stats.num_alloc_retries++;
+    /* PyTorch's order: free cached oversize segments, then sync everything and free all cached */
+    if (a->cfg.max_split_size != SIZE_MAX &&
+        vmm_seg_classic_release(a, a->cfg.max_split_size, vmm_classic_segment_size(size), 0)) {
+        rc = vmm_seg_classic_alloc(a, sr, pool, size, out);
+        if (rc != VMM_ENOMEM)
+            return rc;
+    }
+    a->stats.num_sync_all_streams++;
+    vmm_events_wait_all(a);
+    size_t freed = vmm_seg_classic_release(a, 0, SIZE_MAX, 0);
+    snprintf(tried, tried_len, "freeing every cached segment (%zu bytes) after waiting on pending frees",
+             freed);
+    return vmm_seg_classic_alloc(a, sr, pool, size, out);
+}
+
+static int malloc_locked(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr)
+{
+    size_t rounded = vmm_round_size(&a->cfg, size);
+    int pool = vmm_pool_of(rounded);
+    a->malloc_count++;
+    vmm_stream_rec *sr = vmm_stream_rec_get(a, stream);
+    if (!sr)
+        return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for a stream record");
+    vmm_events_process(a);
+    vmm_block *b = vmm_pool_best_fit(a, pool, stream, rounded);
+    int rc = VMM_OK;
+    char tried[512] = "cached blocks of this stream, completed deferred frees";
+    if (!b) {
+        collect_garbage(a);
+        if (rounded > a->cap) {
+            rc = VMM_ENOMEM;
+            snprintf(tried, sizeof tried, "nothing (the request exceeds the allowed memory)");
+        } else if (a->cfg.expandable_segments) {
+            rc = malloc_expandable(a, sr, pool, rounded, &b, tried, sizeof tried);
+        } else {
+            rc = malloc_classic(a, sr, pool, rounded, &b, tried, sizeof tried);
+        }
+        if (rc == VMM_ENOMEM)
+            return oom(a, size, rounded, tried);
+        if (rc)
+            return rc;
+    }
+    rc = vmm_pool_take(a, b, rounded, size);
+    if (rc)
+        return rc;
+    *ptr = (void *)b->addr;
+    return VMM_OK;
+}
+
+VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr)
+{
+    if (!a || !ptr)
+        return vmm_fail(VMM_EINVAL, "vmm_malloc: %s is NULL", a ? "ptr" : "allocator");
+    *ptr = NULL;
+    if (size == 0)
+        return VMM_OK;
+    if (size >= ((size_t)1 << MAX_REQUEST_SHIFT))
+        return vmm_fail(VMM_EINVAL, "vmm_malloc: size %zu is too large", size);
+    vmm_lock(a);
+    int rc = malloc_locked(a, size, stream, ptr);
+    vmm_unlock(a);
+    return rc;
+}
+
+/* ---- free / record_stream ----------------------------------------------------------------- */
+
+static vmm_block *find_live(vmm_allocator *a, const void *ptr, const char *fn)
+{
+    vmm_block *b = vmm_live_find(a, (uintptr_t)ptr);
+    if (!b)
+        vmm_fail(VMM_EBADPTR, "%s: %p was not returned by vmm_malloc of this allocator, is an "
+                              "interior pointer, or was already freed", fn, ptr);
+    return b;
+}
+
+VMM_API int vmm_free(vmm_allocator *a, void *ptr)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_free: allocator is NULL");
+    if (!ptr)
+        return VMM_OK;
+    vmm_lock(a);
+    int rc = VMM_OK;
+    vmm_block *b = find_live(a, ptr, "vmm_free");
+    if (!b) {
+        rc = VMM_EBADPTR;
+    } else {
+        vmm_stream_rec *sr = b->seg->srec;
+        int pool = b->seg->pool;
+        if (b->n_uses) {
+            rc = vmm_defer_free(a, b);
+        }
+        if (rc == VMM_OK) {
+            vmm_live_remove(a, b);
+            /* stamp with the own stream's sequence: a fence recorded later proves it idle */
+            b->free_seq = ++sr->seq;
+            vmm_stat_update(a->stats.allocation, pool, -1);
+            vmm_stat_update(a->stats.allocated_bytes, pool, -(int64_t)b->size);
+            vmm_stat_update(a->stats.requested_bytes, pool, -(int64_t)b->requested);
+            if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
+                vmm_stat_add(&a->stats.oversize_allocations, -1);
+            b->requested = 0;
+            if (b->state == VMM_BLOCK_ALLOCATED)
+                vmm_pool_release(a, b);
+        }
+    }
+    vmm_unlock(a);
+    return rc;
+}
+
+VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_record_stream: allocator is NULL");
+    vmm_lock(a);
+    int rc = VMM_OK;
+    vmm_block *b = find_live(a, ptr, "vmm_record_stream");
+    if (!b) {
+        rc = VMM_EBADPTR;
+    } else if (stream != b->seg->stream) {
+        uint32_t i = 0;
+        while (i < b->n_uses && b->uses[i] != stream)
+            i++;
+        if (i == b->n_uses) {
+            if (b->n_uses == b->cap_uses) {
+                uint32_t ncap = b->cap_uses ? b->cap_uses * 2 : 2;
+                vmm_stream *nu = vmm_meta_alloc(a->meta, ncap * sizeof *nu);
+                if (!nu) {
+                    rc = vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
+                } else {
+                    for (uint32_t k = 0; k < b->n_uses; k++)
+                        nu[k] = b->uses[k];
+                    if (b->uses)
+                        vmm_meta_free(a->meta, b->uses, b->cap_uses * sizeof *nu);
+                    b->uses = nu;
+                    b->cap_uses = ncap;
+                }
+            }
+            if (rc == VMM_OK)
+                b->uses[b->n_uses++] = stream;
+        }
+    }
+    vmm_unlock(a);
+    return rc;
+}
+
+/* ---- cache control ------------------------------------------------------------------------ */
+
+VMM_API int vmm_empty_cache(vmm_allocator *a)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_empty_cache: allocator is NULL");
+    vmm_lock(a);
+    vmm_clear_error();
+    vmm_events_process(a);
+    if (a->cfg.expandable_segments) {
+        /* no waiting: fence what is unfenced, take what is already proven idle */
+        vmm_fences_poll(a);
+        vmm_fences_record(a);
+        vmm_fences_poll(a);
+        vmm_seg_reclaim(a, SIZE_MAX);
+        vmm_handles_release(a, 0, SIZE_MAX);
+        vmm_seg_free_empty(a);
+    } else {
+        vmm_seg_classic_release(a, 0, SIZE_MAX, 0);
+    }
+    int rc = vmm_last_error()[0] ? VMM_EDRIVER : VMM_OK;
+    vmm_unlock(a);
+    return rc;
+}
+
+VMM_API size_t vmm_usable_size(vmm_allocator *a, const void *ptr)
+{
+    if (!a || !ptr)
+        return 0;
+    vmm_lock(a);
+    vmm_block *b = vmm_live_find(a, (uintptr_t)ptr);
+    size_t n = b ? b->size : 0;
+    vmm_unlock(a);
+    return n;
+}
+
+VMM_API int vmm_config_string(vmm_allocator *a, char *buf, size_t len)
+{
+    if (!a || !buf)
+        return vmm_fail(VMM_EINVAL, "vmm_config_string: NULL argument");
+    return vmm_config_format(&a->cfg, buf, len);
+}

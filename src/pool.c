@@ -1,0 +1,459 @@
+/*
+ * Block records and the pools: size rounding, best-fit index (a treap ordered by stream, size,
+ * address, like PyTorch's std::set), split / merge, and the live-block hash table.
+ */
+#include <string.h>
+
+#include "internal.h"
+
+enum {
+    MIN_BLOCK = 512,                  /* PyTorch kMinBlockSize: every size a multiple of it */
+    SMALL_SIZE = 1 << 20,             /* requests up to 1 MiB go to the small pool */
+    SMALL_BUFFER = 2 << 20,           /* classic small-pool segment */
+    LARGE_BUFFER = 20 << 20,          /* classic segment for requests below MIN_LARGE_ALLOC */
+    MIN_LARGE_ALLOC = 10 << 20,
+    ROUND_LARGE = 2 << 20,            /* classic large segments round up to this */
+    LIVE_MIN_CAP = 64,                /* first live-table size (power of two) */
+    BLOCK_CACHE_MAX = 4096,           /* recycled records kept: ~0.5 MiB of host memory at most */
+};
+
+/* ---- rounding ---------------------------------------------------------------------------- */
+
+static unsigned pow2_divisions_for(const vmm_config *c, size_t size)
+{
+    /* interval 0: below 2 MiB; interval k: [2^k, 2^(k+1)) MiB (see config.h comment). */
+    unsigned log_size = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
+    unsigned index = log_size > 20 ? log_size - 20 : 0;
+    if (index >= VMM_POW2_INTERVALS)
+        index = VMM_POW2_INTERVALS - 1;
+    return c->pow2_divisions[index];
+}
+
+static size_t next_division(size_t size, unsigned divisions)
+{
+    if ((size & (size - 1)) == 0)
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+    size_t step = floor2 / divisions;
+    if (step == 0)
+        return size;
+    size_t rounded = size & ~(step - 1);
+    return rounded == size ? size : rounded + step;
+}
+
+size_t vmm_round_size(const vmm_config *c, size_t size)
+{
+    if (size < MIN_BLOCK)
+        return MIN_BLOCK;
+    unsigned div = pow2_divisions_for(c, size);
+    /* Only when a division step is at least 512 B, so results stay multiples of 512. */
+    if (div > 1 && size > (size_t)MIN_BLOCK * div)
+        return next_division(size, div);
+    return (size + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
+}
+
+int vmm_pool_of(size_t rounded) { return rounded <= SMALL_SIZE ? VMM_SMALL : VMM_LARGE; }
+
+size_t vmm_classic_segment_size(size_t rounded)
+{
+    if (rounded <= SMALL_SIZE)
+        return SMALL_BUFFER;
+    if (rounded < MIN_LARGE_ALLOC)
+        return LARGE_BUFFER;
+    return (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+}
+
+/* ---- block records ----------------------------------------------------------------------- */
+
+vmm_block *vmm_block_new(vmm_allocator *a)
+{
+    vmm_block *b = a->block_cache;
+    if (b) {
+        /* recycled: splitting and merging churn records, the metadata allocator is slower */
+        a->block_cache = b->next;
+        a->n_block_cache--;
+        uint32_t prio = b->prio;
+        memset(b, 0, sizeof *b);
+        b->prio = prio;
+        return b;
+    }
+    b = vmm_meta_alloc(a->meta, sizeof *b);
+    if (b) {
+        /* treap priority from a counter hashed (splitmix-style): deterministic, well mixed */
+        static _Thread_local uint64_t ctr;
+        uint64_t z = (++ctr + (uint64_t)(uintptr_t)b) * 0x9E3779B97F4A7C15ull;
+        z ^= z >> 31;
+        b->prio = (uint32_t)(z * 0xBF58476D1CE4E5B9ull >> 32);
+    }
+    return b;
+}
+
+void vmm_block_delete(vmm_allocator *a, vmm_block *b)
+{
+    if (b->uses)
+        vmm_meta_free(a->meta, b->uses, b->cap_uses * sizeof *b->uses);
+    if (b->events)
+        vmm_meta_free(a->meta, b->events, b->cap_events * sizeof *b->events);
+    if (a->n_block_cache < BLOCK_CACHE_MAX) {
+        b->next = a->block_cache;
+        a->block_cache = b;
+        a->n_block_cache++;
+        return;
+    }
+    vmm_meta_free(a->meta, b, sizeof *b);
+}
+
+void vmm_block_cache_drain(vmm_allocator *a)
+{
+    while (a->block_cache) {
+        vmm_block *b = a->block_cache;
+        a->block_cache = b->next;
+        vmm_meta_free(a->meta, b, sizeof *b);
+    }
+    a->n_block_cache = 0;
+}
+
+/* ---- treap ------------------------------------------------------------------------------- */
+
+static int key_cmp(vmm_stream s, size_t size, uintptr_t addr, const vmm_block *b)
+{
+    uintptr_t bs = (uintptr_t)b->seg->stream, ks = (uintptr_t)s;
+    if (ks != bs)
+        return ks < bs ? -1 : 1;
+    if (size != b->size)
+        return size < b->size ? -1 : 1;
+    if (addr != b->addr)
+        return addr < b->addr ? -1 : 1;
+    return 0;
+}
+
+static int block_less(const vmm_block *x, const vmm_block *y)
+{
+    return key_cmp(x->seg->stream, x->size, x->addr, y) < 0;
+}
+
+/* Split t into keys < k (l) and keys >= k (r). */
+static void treap_split(vmm_block *t, const vmm_block *k, vmm_block **l, vmm_block **r)
+{
+    while (t) {
+        if (block_less(t, k)) {
+            *l = t;
+            l = &t->right;
+            t = t->right;
+        } else {
+            *r = t;
+            r = &t->left;
+            t = t->left;
+        }
+    }
+    *l = *r = NULL;
+}
+
+static vmm_block *treap_merge(vmm_block *l, vmm_block *r)
+{
+    vmm_block *root = NULL, **link = &root;
+    while (l && r) {
+        if (l->prio > r->prio) {
+            *link = l;
+            link = &l->right;
+            l = l->right;
+        } else {
+            *link = r;
+            link = &r->left;
+            r = r->left;
+        }
+    }
+    *link = l ? l : r;
+    return root;
+}
+
+void vmm_tree_insert(vmm_block **root, vmm_block *b)
+{
+    vmm_block **link = root;
+    /* descend while parents have higher priority, then split the subtree around b */
+    while (*link && (*link)->prio > b->prio)
+        link = block_less(b, *link) ? &(*link)->left : &(*link)->right;
+    treap_split(*link, b, &b->left, &b->right);
+    *link = b;
+}
+
+void vmm_tree_erase(vmm_block **root, vmm_block *b)
+{
+    vmm_block **link = root;
+    while (*link && *link != b)
+        link = block_less(b, *link) ? &(*link)->left : &(*link)->right;
+    if (*link) {
+        *link = treap_merge(b->left, b->right);
+        b->left = b->right = NULL;
+    }
+}
+
+int vmm_tree_contains(vmm_block *root, const vmm_block *b)
+{
+    while (root && root != b)
+        root = block_less(b, root) ? root->left : root->right;
+    return root == b;
+}
+
+vmm_block *vmm_tree_lower_bound(vmm_block *t, vmm_stream s, size_t size, uintptr_t addr)
+{
+    vmm_block *best = NULL;
+    while (t) {
+        if (key_cmp(s, size, addr, t) <= 0) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best;
+}
+
+vmm_block *vmm_tree_next(vmm_block *t, const vmm_block *b)
+{
+    vmm_block *best = NULL;
+    while (t) {
+        if (block_less(b, t)) {
+            best = t;
+            t = t->left;
+        } else {
+            t = t->right;
+        }
+    }
+    return best;
+}
+
+/* ---- pools -------------------------------------------------------------------------------- */
+
+static int is_split(const vmm_block *b) { return b->prev || b->next; }
+
+void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
+{
+    int pool = b->seg->pool;
+    b->left = b->right = NULL;
+    b->in_index = 1;
+    if (b->state == VMM_BLOCK_UNMAPPED) {
+        vmm_tree_insert(&a->unmapped_tree[pool], b);
+        a->n_unmapped_blocks++;
+        return;
+    }
+    vmm_tree_insert(&a->free_tree[pool], b);
+    a->n_free_blocks++;
+    if (is_split(b)) {
+        vmm_stat_update(a->stats.inactive_split, pool, 1);
+        vmm_stat_update(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+    }
+}
+
+void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
+{
+    int pool = b->seg->pool;
+    b->in_index = 0;
+    if (b->state == VMM_BLOCK_UNMAPPED) {
+        vmm_tree_erase(&a->unmapped_tree[pool], b);
+        a->n_unmapped_blocks--;
+        return;
+    }
+    vmm_tree_erase(&a->free_tree[pool], b);
+    a->n_free_blocks--;
+    if (is_split(b)) {
+        vmm_stat_update(a->stats.inactive_split, pool, -1);
+        vmm_stat_update(a->stats.inactive_split_bytes, pool, -(int64_t)b->size);
+    }
+}
+
+vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
+{
+    vmm_block *b = vmm_tree_lower_bound(a->free_tree[pool], s, size, 0);
+    if (!b || b->seg->stream != s)
+        return NULL;
+    size_t max_split = a->cfg.max_split_size;
+    /* Keep oversize blocks for oversize requests, and don't waste more than
+     * max_non_split_rounding on one (PyTorch's rules). */
+    if (max_split != SIZE_MAX && size < max_split && b->size >= max_split)
+        return NULL;
+    if (max_split != SIZE_MAX && size >= max_split && b->size - size >= a->cfg.max_non_split_rounding)
+        return NULL;
+    return b;
+}
+
+void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)
+{
+    r->addr = b->addr + size;
+    r->size = b->size - size;
+    r->seg = b->seg;
+    r->state = b->state;
+    r->free_seq = b->free_seq;
+    r->gc_stamp = b->gc_stamp;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next)
+        b->next->prev = r;
+    b->next = r;
+    b->size = size;
+}
+
+vmm_block *vmm_block_split(vmm_allocator *a, vmm_block *b, size_t size)
+{
+    vmm_block *r = vmm_block_new(a);
+    if (r)
+        vmm_block_split_into(b, r, size);
+    return r;
+}
+
+/* Absorb `n` (the next neighbour of b, out of the index) into b and delete it. */
+static void absorb_next(vmm_allocator *a, vmm_block *b, vmm_block *n)
+{
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next)
+        n->next->prev = b;
+    if (n->free_seq > b->free_seq)
+        b->free_seq = n->free_seq;
+    if (n->gc_stamp > b->gc_stamp)
+        b->gc_stamp = n->gc_stamp;
+    vmm_block_delete(a, n);
+}
+
+vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b)
+{
+    vmm_block *n = b->next;
+    if (n && n->state == b->state) {
+        vmm_pool_erase(a, n);
+        absorb_next(a, b, n);
+    }
+    vmm_block *p = b->prev;
+    if (p && p->state == b->state) {
+        vmm_pool_erase(a, p);
+        absorb_next(a, p, b);
+        b = p;
+    }
+    return b;
+}
+
+static int should_split(const vmm_allocator *a, const vmm_block *b, size_t size)
+{
+    size_t rem = b->size - size;
+    if (b->seg->expandable || b->seg->pool == VMM_SMALL)
+        return rem >= MIN_BLOCK;
+    return size < a->cfg.max_split_size && rem > SMALL_SIZE;
+}
+
+int vmm_pool_take(vmm_allocator *a, vmm_block *b, size_t size, size_t requested)
+{
+    if (a->live_n + 1 > a->live_cap / 2) {
+        /* grow first so the insert below cannot fail after the block changed */
+        int rc = vmm_live_insert(a, NULL);
+        if (rc)
+            return rc;
+    }
+    vmm_pool_erase(a, b);
+    if (should_split(a, b, size)) {
+        vmm_block *rem = vmm_block_split(a, b, size);
+        if (!rem) {
+            vmm_pool_insert(a, b);
+            return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for a block record");
+        }
+        vmm_pool_insert(a, rem);
+    }
+    int pool = b->seg->pool;
+    b->state = VMM_BLOCK_ALLOCATED;
+    b->requested = requested;
+    vmm_live_insert(a, b);
+    vmm_stat_update(a->stats.allocation, pool, 1);
+    vmm_stat_update(a->stats.allocated_bytes, pool, (int64_t)b->size);
+    vmm_stat_update(a->stats.requested_bytes, pool, (int64_t)requested);
+    vmm_stat_update(a->stats.active, pool, 1);
+    vmm_stat_update(a->stats.active_bytes, pool, (int64_t)b->size);
+    if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
+        vmm_stat_add(&a->stats.oversize_allocations, 1);
+    return VMM_OK;
+}
+
+void vmm_pool_release(vmm_allocator *a, vmm_block *b)
+{
+    int pool = b->seg->pool;
+    vmm_stat_update(a->stats.active, pool, -1);
+    vmm_stat_update(a->stats.active_bytes, pool, -(int64_t)b->size);
+    b->state = VMM_BLOCK_FREE;
+    b->n_uses = 0;
+    b->gc_stamp = a->malloc_count;
+    b = vmm_block_merge(a, b);
+    vmm_pool_insert(a, b);
+}
+
+/* ---- live table: open addressing, linear probing, backward-shift deletion ---------------- */
+
+static size_t live_hash(uintptr_t addr, size_t mask)
+{
+    return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
+}
+
+static void live_put(vmm_block **t, size_t cap, vmm_block *b)
+{
+    size_t i = live_hash(b->addr, cap - 1);
+    while (t[i])
+        i = (i + 1) & (cap - 1);
+    t[i] = b;
+}
+
+int vmm_live_insert(vmm_allocator *a, vmm_block *b)
+{
+    if (a->live_n + 1 > a->live_cap / 2) {
+        size_t ncap = a->live_cap ? a->live_cap * 2 : LIVE_MIN_CAP;
+        vmm_block **nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
+        if (!nt)
+            return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
+        for (size_t i = 0; i < a->live_cap; i++)
+            if (a->live[i])
+                live_put(nt, ncap, a->live[i]);
+        if (a->live)
+            vmm_meta_free(a->meta, a->live, a->live_cap * sizeof *a->live);
+        a->live = nt;
+        a->live_cap = ncap;
+    }
+    if (b) {
+        live_put(a->live, a->live_cap, b);
+        a->live_n++;
+    }
+    return VMM_OK;
+}
+
+vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
+{
+    if (!a->live_cap)
+        return NULL;
+    size_t mask = a->live_cap - 1;
+    for (size_t i = live_hash(addr, mask); a->live[i]; i = (i + 1) & mask)
+        if (a->live[i]->addr == addr)
+            return a->live[i];
+    return NULL;
+}
+
+void vmm_live_remove(vmm_allocator *a, vmm_block *b)
+{
+    size_t mask = a->live_cap - 1;
+    size_t i = live_hash(b->addr, mask);
+    while (a->live[i] != b)
+        i = (i + 1) & mask;
+    a->live[i] = NULL;
+    a->live_n--;
+    /* shift later entries of the cluster back so lookups never stop at the hole early */
+    for (size_t j = (i + 1) & mask; a->live[j]; j = (j + 1) & mask) {
+        size_t home = live_hash(a->live[j]->addr, mask);
+        int movable = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
+        if (movable) {
+            a->live[i] = a->live[j];
+            a->live[j] = NULL;
+            i = j;
+        }
+    }
+}
+
+void vmm_live_free_table(vmm_allocator *a)
+{
+    if (a->live)
+        vmm_meta_free(a->meta, a->live, a->live_cap * sizeof *a->live);
+    a->live = NULL;
+    a->live_cap = a->live_n = 0;
+}

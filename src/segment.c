@@ -1,0 +1,570 @@
+/*
+ * Segments and pages. Expandable segments are VA reservations whose pages (one physical handle
+ * each: CUDA maps whole handles only) are mapped on demand at the lowest unmapped address that
+ * fits; idle whole pages inside free blocks are unmapped into a per-device cache of handles and
+ * mapped again wherever a request needs them, so physical memory moves and data never does.
+ * Classic segments are mem_alloc (cuMemAlloc) allocations as in PyTorch's caching allocator.
+ */
+#include "internal.h"
+
+/* ---- segment records ---------------------------------------------------------------------- */
+
+static void seg_link(vmm_allocator *a, vmm_segment *s)
+{
+    s->prev = NULL;
+    s->next = a->segs;
+    if (a->segs)
+        a->segs->prev = s;
+    a->segs = s;
+    a->n_segs++;
+}
+
+static void seg_unlink(vmm_allocator *a, vmm_segment *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        a->segs = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    a->n_segs--;
+}
+
+static void seg_delete(vmm_allocator *a, vmm_segment *s)
+{
+    if (s->pages)
+        vmm_meta_free(a->meta, s->pages, s->n_pages * sizeof *s->pages);
+    vmm_meta_free(a->meta, s, sizeof *s);
+}
+
+/* ---- cached handles ----------------------------------------------------------------------- */
+
+size_t vmm_handles_bytes(const vmm_allocator *a, int pool)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < a->n_fh; i++)
+        if (pool < 0 || a->fh[i].pool == pool)
+            n += a->fh[i].size;
+    return n;
+}
+
+/* Room in the cache for every handle in existence, so putting one back never fails. */
+static int fh_reserve(vmm_allocator *a, size_t total)
+{
+    if (total <= a->cap_fh)
+        return VMM_OK;
+    size_t ncap = a->cap_fh ? a->cap_fh : 64;
+    while (ncap < total)
+        ncap *= 2;
+    vmm_free_handle *n = vmm_meta_alloc(a->meta, ncap * sizeof *n);
+    if (!n)
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for the handle cache");
+    for (size_t i = 0; i < a->n_fh; i++)
+        n[i] = a->fh[i];
+    if (a->fh)
+        vmm_meta_free(a->meta, a->fh, a->cap_fh * sizeof *n);
+    a->fh = n;
+    a->cap_fh = ncap;
+    return VMM_OK;
+}
+
+static void fh_put(vmm_allocator *a, vmm_phys h, size_t size, int pool)
+{
+    a->fh[a->n_fh].h = h;
+    a->fh[a->n_fh].size = size;
+    a->fh[a->n_fh].pool = pool;
+    a->n_fh++;
+}
+
+static size_t fh_count(const vmm_allocator *a, size_t size)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < a->n_fh; i++)
+        n += a->fh[i].size == size;
+    return n;
+}
+
+/* Take a cached handle of `size`, counting its bytes in `pool` from now on. */
+static int fh_take(vmm_allocator *a, size_t size, int pool, vmm_phys *out)
+{
+    for (size_t i = a->n_fh; i-- > 0;) {
+        if (a->fh[i].size != size)
+            continue;
+        *out = a->fh[i].h;
+        if (a->fh[i].pool != pool) {
+            vmm_stat_update(a->stats.reserved_bytes, a->fh[i].pool, -(int64_t)size);
+            vmm_stat_update(a->stats.reserved_bytes, pool, (int64_t)size);
+        }
+        a->fh[i] = a->fh[--a->n_fh];
+        return 1;
+    }
+    return 0;
+}
+
+size_t vmm_handles_release(vmm_allocator *a, size_t keep_size, size_t need)
+{
+    size_t freed = 0;
+    for (size_t i = a->n_fh; i-- > 0 && freed < need;) {
+        if (keep_size && a->fh[i].size == keep_size)
+            continue;
+        int r = a->drv->ops->mem_release(a->drv, a->fh[i].h);
+        if (r) {
+            vmm_fail_drv(r, "mem_release");
+            break;
+        }
+        freed += a->fh[i].size;
+        vmm_stat_update(a->stats.reserved_bytes, a->fh[i].pool, -(int64_t)a->fh[i].size);
+        a->stats.num_device_free++;
+        a->n_handles--;
+        a->fh[i] = a->fh[--a->n_fh];
+    }
+    return freed;
+}
+
+static size_t reserved_now(const vmm_allocator *a)
+{
+    return (size_t)a->stats.reserved_bytes[VMM_POOL_ALL].current;
+}
+
+/* ---- mapping ------------------------------------------------------------------------------ */
+
+/* Unmap one page. Rollback paths retry a few times: a mapping must not outlive its record. */
+enum { UNMAP_TRIES = 8 };
+static int unmap_page(vmm_allocator *a, uintptr_t va, size_t ps, int tries)
+{
+    int r = VMM_DRV_SUCCESS;
+    for (int t = 0; t < tries; t++)
+        if ((r = a->drv->ops->mem_unmap(a->drv, va, ps)) == VMM_DRV_SUCCESS)
+            break;
+    return r;
+}
+
+/* Map pages [p0, p0 + n) of seg with cached or new handles and one set_access call.
+ * On failure nothing is mapped; handles created on the way stay cached. */
+static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages)
+{
+    const vmm_driver_ops *ops = a->drv->ops;
+    size_t ps = seg->page_size;
+    size_t cached = fh_count(a, ps);
+    if (cached < n) {
+        size_t want = (n - cached) * ps;
+        size_t room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
+        if (room < want) /* handles of another page size only hold memory: let them go */
+            vmm_handles_release(a, ps, want - room);
+        room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
+        if (cached + room / ps < n) {
+            *short_pages = n - cached - room / ps;
+            return VMM_ENOMEM;
+        }
+        if (fh_reserve(a, a->n_handles + (n - cached)) != VMM_OK)
+            return VMM_EHOSTMEM;
+    }
+    vmm_phys *hs = vmm_meta_alloc(a->meta, n * sizeof *hs);
+    if (!hs)
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for a page list");
+    size_t reused = 0, got = 0, mapped = 0;
+    int rc = VMM_OK;
+    for (; got < n; got++) {
+        if (fh_take(a, ps, seg->pool, &hs[got])) {
+            reused++;
+            continue;
+        }
+        int r = ops->mem_create(a->drv, ps, &hs[got]);
+        if (r) {
+            /* keep what was made in the cache; the caller may free pages and retry */
+            rc = r == VMM_DRV_OUT_OF_MEMORY ? VMM_ENOMEM : vmm_fail_drv(r, "mem_create");
+            *short_pages = n - got;
+            break;
+        }
+        a->stats.num_device_alloc++;
+        a->n_handles++;
+        vmm_stat_update(a->stats.reserved_bytes, seg->pool, (int64_t)ps);
+    }
+    for (; rc == VMM_OK && mapped < n; mapped++) {
+        int r = ops->mem_map(a->drv, seg->base + (p0 + mapped) * ps, ps, 0, hs[mapped]);
+        if (r)
+            rc = vmm_fail_drv(r, "mem_map");
+        if (r)
+            break;
+    }
+    if (rc == VMM_OK) {
+        int r = ops->set_access(a->drv, seg->base + p0 * ps, n * ps);
+        if (r)
+            rc = vmm_fail_drv(r, "set_access");
+    }
+    if (rc != VMM_OK) {
+        while (mapped > 0) {
+            mapped--;
+            unmap_page(a, seg->base + (p0 + mapped) * ps, ps, UNMAP_TRIES);
+        }
+        for (size_t k = 0; k < got; k++)
+            fh_put(a, hs[k], ps, seg->pool);
+        vmm_meta_free(a->meta, hs, n * sizeof *hs);
+        return rc;
+    }
+    for (size_t k = 0; k < n; k++)
+        seg->pages[p0 + k] = hs[k];
+    seg->mapped_pages += n;
+    vmm_stat_update(a->stats.mapped_bytes, seg->pool, (int64_t)(n * ps));
+    a->stats.num_pages_mapped += (int64_t)n;
+    a->stats.num_pages_remapped += (int64_t)reused;
+    vmm_meta_free(a->meta, hs, n * sizeof *hs);
+    return VMM_OK;
+}
+
+/* ---- growth ------------------------------------------------------------------------------- */
+
+/* VA reservation sizes. A large-pool reservation spans the whole device (rounded to pages), so any
+ * request that can be satisfied fits in a fresh one; a small-pool one spans 1/16 of it (small
+ * blocks are at most 1 MiB; more reservations are added when one is full). Per (stream, device)
+ * that is ~1.07 x device memory of VA: with 80 GiB devices, 128 TiB of user VA holds ~1500
+ * (stream, device) pairs, against ~730 for PyTorch's 2 x 1.125 x. Reservations are made on
+ * first use and returned by vmm_empty_cache once wholly unmapped. */
+enum { SMALL_VA_DIVISOR = 16, SMALL_VA_MIN_PAGES = 16 };
+
+static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+static int seg_new_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t min_size,
+                              vmm_block **out)
+{
+    size_t ps = a->page_size[pool];
+    size_t va = a->va_size[pool];
+    if (va < round_up(min_size, ps))
+        va = round_up(min_size, ps);
+    vmm_segment *s = vmm_meta_alloc(a->meta, sizeof *s);
+    vmm_block *b = vmm_block_new(a);
+    vmm_phys *pages = vmm_meta_alloc(a->meta, (va / ps) * sizeof *pages);
+    if (!s || !b || !pages) {
+        if (s)
+            vmm_meta_free(a->meta, s, sizeof *s);
+        if (b)
+            vmm_block_delete(a, b);
+        if (pages)
+            vmm_meta_free(a->meta, pages, (va / ps) * sizeof *pages);
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for a segment record");
+    }
+    uintptr_t base;
+    int r = a->drv->ops->va_reserve(a->drv, va, 0, &base);
+    if (r) {
+        vmm_meta_free(a->meta, s, sizeof *s);
+        vmm_block_delete(a, b);
+        vmm_meta_free(a->meta, pages, (va / ps) * sizeof *pages);
+        return vmm_fail_drv(r, "va_reserve");
+    }
+    s->base = base;
+    s->size = va;
+    s->stream = sr->stream;
+    s->srec = sr;
+    s->pool = pool;
+    s->expandable = 1;
+    s->page_size = ps;
+    s->n_pages = va / ps;
+    s->pages = pages;
+    s->first = b;
+    b->addr = base;
+    b->size = va;
+    b->seg = s;
+    b->state = VMM_BLOCK_UNMAPPED;
+    seg_link(a, s);
+    vmm_pool_insert(a, b);
+    vmm_stat_update(a->stats.segment, pool, 1);
+    a->stats.reserved_va_bytes += (int64_t)va;
+    *out = b;
+    return VMM_OK;
+}
+
+/* Pages of unmapped block u to map so that a range of `size` starting at the free block before u
+ * (or at u) fits; 0 when the range around u is too small. */
+static size_t grow_need(const vmm_block *u, size_t size, size_t ps)
+{
+    const vmm_block *p = u->prev && u->prev->state == VMM_BLOCK_FREE ? u->prev : NULL;
+    const vmm_block *n = u->next && u->next->state == VMM_BLOCK_FREE ? u->next : NULL;
+    size_t avail = (p ? p->size : 0) + u->size + (n ? n->size : 0);
+    if (avail < size)
+        return 0;
+    uintptr_t end = (p ? p->addr : u->addr) + size;
+    if (end <= u->addr)
+        return 0; /* the free block alone fits: the best-fit rules turned it down */
+    size_t need = round_up(end - u->addr, ps);
+    return need < u->size ? need : u->size;
+}
+
+int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
+                 size_t *short_pages)
+{
+    size_t ps = a->page_size[pool];
+    vmm_block *best = NULL;
+    size_t best_need = 0;
+    for (vmm_block *u = vmm_tree_lower_bound(a->unmapped_tree[pool], sr->stream, 0, 0);
+         u && u->seg->stream == sr->stream; u = vmm_tree_next(a->unmapped_tree[pool], u)) {
+        size_t need = grow_need(u, size, ps);
+        if (need && (!best || need < best_need || (need == best_need && u->addr < best->addr))) {
+            best = u;
+            best_need = need;
+        }
+    }
+    if (!best) {
+        int rc = seg_new_expandable(a, sr, pool, size, &best);
+        if (rc)
+            return rc;
+        best_need = round_up(size, ps);
+    }
+    vmm_block *rest = NULL;
+    if (best_need < best->size && !(rest = vmm_block_new(a)))
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for a block record");
+    vmm_segment *seg = best->seg;
+    int rc = seg_map_pages(a, seg, (best->addr - seg->base) / ps, best_need / ps, short_pages);
+    if (rc) {
+        if (rest)
+            vmm_block_delete(a, rest);
+        return rc;
+    }
+    vmm_pool_erase(a, best);
+    if (rest) {
+        vmm_block_split_into(best, rest, best_need);
+        vmm_pool_insert(a, rest);
+    }
+    best->state = VMM_BLOCK_FREE;
+    best->free_seq = 0; /* fresh pages: no work ever touched them */
+    best->gc_stamp = a->malloc_count;
+    best = vmm_block_merge(a, best);
+    vmm_pool_insert(a, best);
+    *out = best;
+    return VMM_OK;
+}
+
+/* ---- reclaiming idle pages ---------------------------------------------------------------- */
+
+/* Unmap up to `want` whole pages inside FREE block b; returns pages unmapped. */
+static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
+{
+    vmm_segment *seg = b->seg;
+    size_t ps = seg->page_size;
+    size_t p0 = round_up(b->addr - seg->base, ps) / ps;
+    size_t p1 = (b->addr + b->size - seg->base) / ps;
+    if (p0 >= p1)
+        return 0;
+    if (p1 - p0 > want)
+        p1 = p0 + want;
+    vmm_block *r1 = vmm_block_new(a), *r2 = vmm_block_new(a);
+    if (!r1 || !r2 || fh_reserve(a, a->n_handles) != VMM_OK) {
+        if (r1)
+            vmm_block_delete(a, r1);
+        if (r2)
+            vmm_block_delete(a, r2);
+        return 0;
+    }
+    size_t k = p0;
+    for (; k < p1; k++) {
+        int r = unmap_page(a, seg->base + k * ps, ps, 1);
+        if (r) {
+            vmm_fail_drv(r, "mem_unmap");
+            break;
+        }
+        fh_put(a, seg->pages[k], ps, seg->pool);
+        seg->pages[k] = 0;
+    }
+    size_t n = k - p0;
+    if (n) {
+        seg->mapped_pages -= n;
+        vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)(n * ps));
+        a->stats.num_pages_unmapped += (int64_t)n;
+        vmm_pool_erase(a, b);
+        vmm_block *u = b;
+        uintptr_t ua = seg->base + p0 * ps, ue = seg->base + k * ps;
+        if (b->addr < ua) {
+            vmm_block_split_into(b, r1, ua - b->addr);
+            vmm_pool_insert(a, b);
+            u = r1;
+            r1 = NULL;
+        }
+        if (u->addr + u->size > ue) {
+            vmm_block_split_into(u, r2, ue - u->addr);
+            vmm_pool_insert(a, r2);
+            r2 = NULL;
+        }
+        u->state = VMM_BLOCK_UNMAPPED;
+        u = vmm_block_merge(a, u);
+        vmm_pool_insert(a, u);
+    }
+    if (r1)
+        vmm_block_delete(a, r1);
+    if (r2)
+        vmm_block_delete(a, r2);
+    return n;
+}
+
+size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
+{
+    size_t got = 0;
+    for (int pool = 0; pool < VMM_NPOOLS && got < want; pool++) {
+        vmm_block *b = vmm_tree_lower_bound(a->free_tree[pool], NULL, 0, 0);
+        while (b && got < want) {
+            vmm_block *next = vmm_tree_next(a->free_tree[pool], b);
+            if (b->seg->expandable && vmm_block_idle(b)) {
+                size_t ps = b->seg->page_size;
+                size_t whole = round_up(b->addr - b->seg->base, ps);
+                size_t end = b->addr + b->size - b->seg->base;
+                if (whole + ps <= end) {
+                    size_t n = reclaim_block(a, b, want - got);
+                    if (n == 0)
+                        return got; /* the driver refuses: stop here */
+                    got += n;
+                }
+            }
+            b = next;
+        }
+    }
+    return got;
+}
+
+void vmm_seg_free_empty(vmm_allocator *a)
+{
+    vmm_segment *s = a->segs;
+    while (s) {
+        vmm_segment *next = s->next;
+        vmm_block *b = s->first;
+        if (s->expandable && b->state == VMM_BLOCK_UNMAPPED && !b->next) {
+            int r = a->drv->ops->va_free(a->drv, s->base, s->size);
+            if (r) {
+                vmm_fail_drv(r, "va_free");
+                return;
+            }
+            vmm_pool_erase(a, b);
+            vmm_block_delete(a, b);
+            vmm_stat_update(a->stats.segment, s->pool, -1);
+            a->stats.reserved_va_bytes -= (int64_t)s->size;
+            seg_unlink(a, s);
+            seg_delete(a, s);
+        }
+        s = next;
+    }
+}
+
+/* ---- classic segments --------------------------------------------------------------------- */
+
+int vmm_seg_classic_alloc(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size,
+                          vmm_block **out)
+{
+    size_t seg_size = vmm_classic_segment_size(size);
+    if (reserved_now(a) + seg_size > a->cap)
+        return VMM_ENOMEM;
+    vmm_segment *s = vmm_meta_alloc(a->meta, sizeof *s);
+    vmm_block *b = vmm_block_new(a);
+    if (!s || !b) {
+        if (s)
+            vmm_meta_free(a->meta, s, sizeof *s);
+        if (b)
+            vmm_block_delete(a, b);
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for a segment record");
+    }
+    uintptr_t p;
+    int r = a->drv->ops->mem_alloc(a->drv, seg_size, &p);
+    if (r) {
+        vmm_meta_free(a->meta, s, sizeof *s);
+        vmm_block_delete(a, b);
+        return r == VMM_DRV_OUT_OF_MEMORY ? VMM_ENOMEM : vmm_fail_drv(r, "mem_alloc");
+    }
+    a->stats.num_device_alloc++;
+    s->base = p;
+    s->size = seg_size;
+    s->stream = sr->stream;
+    s->srec = sr;
+    s->pool = pool;
+    s->first = b;
+    b->addr = p;
+    b->size = seg_size;
+    b->seg = s;
+    b->state = VMM_BLOCK_FREE;
+    b->gc_stamp = a->malloc_count;
+    seg_link(a, s);
+    vmm_pool_insert(a, b);
+    vmm_stat_update(a->stats.segment, pool, 1);
+    vmm_stat_update(a->stats.reserved_bytes, pool, (int64_t)seg_size);
+    vmm_stat_update(a->stats.mapped_bytes, pool, (int64_t)seg_size);
+    if (a->cfg.max_split_size != SIZE_MAX && seg_size >= a->cfg.max_split_size)
+        vmm_stat_add(&a->stats.oversize_segments, 1);
+    *out = b;
+    return VMM_OK;
+}
+
+static int classic_releasable(const vmm_segment *s, size_t min_size)
+{
+    const vmm_block *b = s->first;
+    return !s->expandable && b->state == VMM_BLOCK_FREE && !b->next && s->size >= min_size;
+}
+
+size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, int oldest_first)
+{
+    size_t freed = 0;
+    while (freed < need) {
+        vmm_segment *pick = NULL;
+        for (vmm_segment *s = a->segs; s; s = s->next) {
+            if (!classic_releasable(s, min_size))
+                continue;
+            if (!pick || (oldest_first && s->first->gc_stamp < pick->first->gc_stamp))
+                pick = s;
+            if (!oldest_first)
+                break;
+        }
+        if (!pick)
+            break;
+        int r = a->drv->ops->mem_free(a->drv, pick->base);
+        if (r) {
+            vmm_fail_drv(r, "mem_free");
+            break;
+        }
+        a->stats.num_device_free++;
+        freed += pick->size;
+        vmm_pool_erase(a, pick->first);
+        vmm_block_delete(a, pick->first);
+        vmm_stat_update(a->stats.segment, pick->pool, -1);
+        vmm_stat_update(a->stats.reserved_bytes, pick->pool, -(int64_t)pick->size);
+        vmm_stat_update(a->stats.mapped_bytes, pick->pool, -(int64_t)pick->size);
+        if (a->cfg.max_split_size != SIZE_MAX && pick->size >= a->cfg.max_split_size)
+            vmm_stat_add(&a->stats.oversize_segments, -1);
+        seg_unlink(a, pick);
+        seg_delete(a, pick);
+    }
+    return freed;
+}
+
+/* ---- teardown ----------------------------------------------------------------------------- */
+
+void vmm_seg_destroy_all(vmm_allocator *a)
+{
+    const vmm_driver_ops *ops = a->drv->ops;
+    while (a->segs) {
+        vmm_segment *s = a->segs;
+        vmm_block *b = s->first;
+        while (b) {
+            vmm_block *n = b->next;
+            vmm_block_delete(a, b);
+            b = n;
+        }
+        if (s->expandable) {
+            for (size_t p = 0; p < s->n_pages; p++) {
+                if (!s->pages[p])
+                    continue;
+                unmap_page(a, s->base + p * s->page_size, s->page_size, UNMAP_TRIES);
+                ops->mem_release(a->drv, s->pages[p]);
+                a->n_handles--;
+            }
+            ops->va_free(a->drv, s->base, s->size);
+        } else {
+            ops->mem_free(a->drv, s->base);
+        }
+        seg_unlink(a, s);
+        seg_delete(a, s);
+    }
+    a->free_tree[0] = a->free_tree[1] = NULL;
+    a->unmapped_tree[0] = a->unmapped_tree[1] = NULL;
+    while (a->n_fh) {
+        ops->mem_release(a->drv, a->fh[--a->n_fh].h);
+        a->n_handles--;
+    }
+    if (a->fh)
+        vmm_meta_free(a->meta, a->fh, a->cap_fh * sizeof *a->fh);
+    a->fh = NULL;
+    a->cap_fh = 0;
+}

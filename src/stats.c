@@ -1,0 +1,328 @@
+/* Statistics: counters, vmm_get_stats / reset, the JSON dump, and vmm_check (every invariant). */
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+void vmm_stat_add(vmm_stat *s, int64_t d)
+{
+    s->current += d;
+    if (d > 0) {
+        s->allocated += d;
+        if (s->current > s->peak)
+            s->peak = s->current;
+    } else {
+        s->freed -= d;
+    }
+}
+
+void vmm_stat_update(vmm_stat *st, int pool, int64_t d)
+{
+    vmm_stat_add(&st[VMM_POOL_ALL], d);
+    vmm_stat_add(&st[pool + 1], d);
+}
+
+static void fill_stats(vmm_allocator *a, vmm_stats *out)
+{
+    *out = a->stats;
+    out->metadata_bytes = vmm_meta_bytes(a->meta);
+}
+
+VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out)
+{
+    if (!a || !out)
+        return vmm_fail(VMM_EINVAL, "vmm_get_stats: NULL argument");
+    vmm_lock(a);
+    fill_stats(a, out);
+    vmm_unlock(a);
+    return VMM_OK;
+}
+
+/* Every vmm_stat array of vmm_stats with its PyTorch name. */
+#define STAT_ARRAYS(X)                                                                     \
+    X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) \
+    X(active_bytes) X(inactive_split_bytes) X(requested_bytes) X(mapped_bytes)
+#define STAT_SINGLES(X) X(oversize_allocations) X(oversize_segments)
+#define STAT_COUNTERS(X)                                                                   \
+    X(num_alloc_retries) X(num_ooms) X(num_sync_all_streams) X(num_device_alloc)          \
+    X(num_device_free) X(num_event_waits) X(num_pages_mapped) X(num_pages_unmapped)       \
+    X(num_pages_remapped) X(max_split_size) X(metadata_bytes) X(reserved_va_bytes)
+
+static void reset_stat(vmm_stat *s, int cumulative)
+{
+    s->peak = s->current;
+    if (cumulative)
+        s->allocated = s->freed = 0;
+}
+
+VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_reset_stats: allocator is NULL");
+    vmm_lock(a);
+    vmm_stats *s = &a->stats;
+#define RESET_ARRAY_(f)                                                                    \
+    for (int p = 0; p < VMM_POOL_COUNT; p++)                                              \
+        reset_stat(&s->f[p], cumulative);
+    STAT_ARRAYS(RESET_ARRAY_)
+#undef RESET_ARRAY_
+#define RESET_SINGLE_(f) reset_stat(&s->f, cumulative);
+    STAT_SINGLES(RESET_SINGLE_)
+#undef RESET_SINGLE_
+    if (cumulative) {
+        s->num_alloc_retries = s->num_ooms = s->num_sync_all_streams = 0;
+        s->num_device_alloc = s->num_device_free = s->num_event_waits = 0;
+        s->num_pages_mapped = s->num_pages_unmapped = s->num_pages_remapped = 0;
+    }
+    vmm_unlock(a);
+    return VMM_OK;
+}
+
+/* ---- JSON --------------------------------------------------------------------------------- */
+
+typedef struct jbuf {
+    char *buf;
+    size_t len, off;
+    int n;
+} jbuf;
+
+static void jput(jbuf *j, const char *key, long long v)
+{
+    int w = snprintf(j->off < j->len ? j->buf + j->off : NULL, j->off < j->len ? j->len - j->off : 0,
+                     "%s\"%s\":%lld", j->n++ ? "," : "", key, v);
+    j->off += (size_t)w;
+}
+
+static void jput_stat(jbuf *j, const char *name, const char *pool, const vmm_stat *s)
+{
+    char key[96];
+    const char *field[4] = {"current", "peak", "allocated", "freed"};
+    long long v[4] = {s->current, s->peak, s->allocated, s->freed};
+    for (int i = 0; i < 4; i++) {
+        if (pool)
+            snprintf(key, sizeof key, "%s.%s.%s", name, pool, field[i]);
+        else
+            snprintf(key, sizeof key, "%s.%s", name, field[i]);
+        jput(j, key, v[i]);
+    }
+}
+
+VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
+{
+    if (!a || !buf || len == 0)
+        return vmm_fail(VMM_EINVAL, "vmm_stats_json: NULL argument or zero length");
+    vmm_stats s;
+    vmm_lock(a);
+    fill_stats(a, &s);
+    vmm_sim_counters c;
+    int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
+    vmm_unlock(a);
+    jbuf j = {buf, len, 0, 0};
+    static const char *pools[VMM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
+    buf[0] = '{';
+    j.off = 1;
+#define JSON_ARRAY_(f)                                                                     \
+    for (int p = 0; p < VMM_POOL_COUNT; p++)                                              \
+        jput_stat(&j, #f, pools[p], &s.f[p]);
+    STAT_ARRAYS(JSON_ARRAY_)
+#undef JSON_ARRAY_
+#define JSON_SINGLE_(f) jput_stat(&j, #f, NULL, &s.f);
+    STAT_SINGLES(JSON_SINGLE_)
+#undef JSON_SINGLE_
+#define JSON_COUNTER_(f) jput(&j, #f, s.f);
+    STAT_COUNTERS(JSON_COUNTER_)
+#undef JSON_COUNTER_
+    if (sim) {
+        jput(&j, "sim.device_syncs", (long long)c.device_syncs);
+        jput(&j, "sim.stream_syncs", (long long)c.stream_syncs);
+        jput(&j, "sim.event_syncs", (long long)c.event_syncs);
+        jput(&j, "sim.driver_time_ns", (long long)c.driver_time_ns);
+        char key[64];
+        for (int k = 0; k < VMM_SIM_CALL_COUNT; k++) {
+            snprintf(key, sizeof key, "sim.calls.%s", vmm_sim_call_name(k));
+            jput(&j, key, (long long)c.calls[k]);
+        }
+    }
+    int w = snprintf(j.off < len ? buf + j.off : NULL, j.off < len ? len - j.off : 0, "}");
+    j.off += (size_t)w;
+    if (j.off >= len) {
+        buf[len - 1] = '\0';
+        return vmm_fail(VMM_ERANGE, "vmm_stats_json: buffer of %zu bytes too small (%zu needed)",
+                        len, j.off + 1);
+    }
+    return (int)j.off;
+}
+
+/* ---- vmm_check ------------------------------------------------------------------------------ */
+
+typedef struct sums {
+    int64_t v[VMM_NPOOLS][10];
+} sums;
+enum { S_ALLOC, S_ALLOC_B, S_REQ_B, S_ACTIVE, S_ACTIVE_B, S_ISPLIT, S_ISPLIT_B, S_SEG, S_MAPPED, S_RES };
+
+static int bad(const char *what, uintptr_t addr)
+{
+    return vmm_fail(VMM_ECORRUPT, "vmm_check: %s (at 0x%llx)", what, (unsigned long long)addr);
+}
+
+static int in_deferred(const vmm_allocator *a, const vmm_block *b)
+{
+    for (const vmm_block *d = a->deferred; d; d = d->dnext)
+        if (d == b)
+            return 1;
+    return 0;
+}
+
+static size_t tree_count(const vmm_block *t)
+{
+    return t ? 1 + tree_count(t->left) + tree_count(t->right) : 0;
+}
+
+static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfree, size_t *nunm,
+                         size_t *nlive)
+{
+    int p = s->pool;
+    uintptr_t at = s->base;
+    const vmm_block *prev = NULL;
+    if (s->first && s->first->prev)
+        return bad("first block has a predecessor", s->base);
+    for (vmm_block *b = s->first; b; prev = b, b = b->next) {
+        if (b->addr != at || b->seg != s || b->prev != prev || b->size == 0 || b->size % 512)
+            return bad("blocks do not tile the segment", b->addr);
+        at += b->size;
+        if (prev && prev->state == b->state &&
+            (b->state == VMM_BLOCK_FREE || b->state == VMM_BLOCK_UNMAPPED))
+            return bad("two neighbouring free blocks not merged", b->addr);
+        switch (b->state) {
+        case VMM_BLOCK_FREE:
+            (*nfree)++;
+            if (!b->in_index || !vmm_tree_contains(a->free_tree[p], b))
+                return bad("free block missing from the free index", b->addr);
+            if (b->prev || b->next) {
+                sm->v[p][S_ISPLIT]++;
+                sm->v[p][S_ISPLIT_B] += (int64_t)b->size;
+            }
+            break;
+        case VMM_BLOCK_UNMAPPED:
+            (*nunm)++;
+            if (!s->expandable || (b->addr - s->base) % s->page_size || b->size % s->page_size)
+                return bad("unmapped block not page aligned", b->addr);
+            if (!b->in_index || !vmm_tree_contains(a->unmapped_tree[p], b))
+                return bad("unmapped block missing from the unmapped index", b->addr);
+            break;
+        case VMM_BLOCK_ALLOCATED:
+            (*nlive)++;
+            if (vmm_live_find(a, b->addr) != b)
+                return bad("allocated block missing from the live table", b->addr);
+            sm->v[p][S_ALLOC]++;
+            sm->v[p][S_ALLOC_B] += (int64_t)b->size;
+            sm->v[p][S_REQ_B] += (int64_t)b->requested;
+            sm->v[p][S_ACTIVE]++;
+            sm->v[p][S_ACTIVE_B] += (int64_t)b->size;
+            break;
+        case VMM_BLOCK_PENDING:
+            if (!in_deferred(a, b) || vmm_live_find(a, b->addr))
+                return bad("pending block not on the deferred list only", b->addr);
+            sm->v[p][S_ACTIVE]++;
+            sm->v[p][S_ACTIVE_B] += (int64_t)b->size;
+            break;
+        default:
+            return bad("block in an unknown state", b->addr);
+        }
+    }
+    if (at != s->base + s->size)
+        return bad("blocks do not cover the segment", s->base);
+    sm->v[p][S_SEG]++;
+    if (!s->expandable) {
+        sm->v[p][S_MAPPED] += (int64_t)s->size;
+        sm->v[p][S_RES] += (int64_t)s->size;
+        return VMM_OK;
+    }
+    /* pages: mapped exactly where a block other than UNMAPPED lies, as the driver sees it */
+    size_t ps = s->page_size, mapped = 0;
+    const vmm_block *b = s->first;
+    for (size_t pg = 0; pg < s->n_pages; pg++) {
+        uintptr_t va = s->base + pg * ps;
+        while (b->addr + b->size <= va)
+            b = b->next;
+        int want = 0;
+        for (const vmm_block *c = b; c && c->addr < va + ps; c = c->next)
+            want |= c->state != VMM_BLOCK_UNMAPPED;
+        if (want != (s->pages[pg] != 0))
+            return bad(want ? "page under a block is not mapped" : "page of an unmapped block is mapped",
+                       va);
+        vmm_phys h = 0;
+        int r = a->drv->ops->lookup_mapping(a->drv, va, &h);
+        if (want ? (r != VMM_DRV_SUCCESS || h != s->pages[pg]) : (r == VMM_DRV_SUCCESS && h != 0))
+            return bad("the driver's mapping differs from the page table", va);
+        mapped += want;
+    }
+    if (mapped != s->mapped_pages)
+        return bad("mapped page count is wrong", s->base);
+    sm->v[p][S_MAPPED] += (int64_t)(mapped * ps);
+    sm->v[p][S_RES] += (int64_t)(mapped * ps);
+    return VMM_OK;
+}
+
+static int check_locked(vmm_allocator *a)
+{
+    sums sm;
+    memset(&sm, 0, sizeof sm);
+    size_t nfree = 0, nunm = 0, nlive = 0, nsegs = 0;
+    for (vmm_segment *s = a->segs; s; s = s->next) {
+        nsegs++;
+        int rc = check_segment(a, s, &sm, &nfree, &nunm, &nlive);
+        if (rc)
+            return rc;
+    }
+    if (nsegs != a->n_segs)
+        return bad("segment count is wrong", 0);
+    size_t tf = tree_count(a->free_tree[0]) + tree_count(a->free_tree[1]);
+    size_t tu = tree_count(a->unmapped_tree[0]) + tree_count(a->unmapped_tree[1]);
+    if (tf != nfree || nfree != a->n_free_blocks)
+        return bad("free index holds blocks that are not free", 0);
+    if (tu != nunm || nunm != a->n_unmapped_blocks)
+        return bad("unmapped index holds blocks that are not unmapped", 0);
+    if (nlive != a->live_n)
+        return bad("live table holds blocks that are not allocated", 0);
+    for (int p = 0; p < VMM_NPOOLS; p++) {
+        for (size_t i = 0; i < a->n_fh; i++)
+            if (a->fh[i].pool == p)
+                sm.v[p][S_RES] += (int64_t)a->fh[i].size;
+    }
+    const vmm_stats *st = &a->stats;
+    const vmm_stat *arr[10] = {st->allocation, st->allocated_bytes, st->requested_bytes, st->active,
+                               st->active_bytes, st->inactive_split, st->inactive_split_bytes,
+                               st->segment, st->mapped_bytes, st->reserved_bytes};
+    static const char *names[10] = {"allocation", "allocated_bytes", "requested_bytes", "active",
+                                    "active_bytes", "inactive_split", "inactive_split_bytes",
+                                    "segment", "mapped_bytes", "reserved_bytes"};
+    for (int k = 0; k < 10; k++) {
+        for (int p = 0; p < VMM_NPOOLS; p++) {
+            if (arr[k][p + 1].current != sm.v[p][k])
+                return vmm_fail(VMM_ECORRUPT, "vmm_check: stat %s.%s.current is %lld, recomputed %lld",
+                                names[k], p ? "large_pool" : "small_pool",
+                                (long long)arr[k][p + 1].current, (long long)sm.v[p][k]);
+        }
+        if (arr[k][0].current != arr[k][1].current + arr[k][2].current)
+            return vmm_fail(VMM_ECORRUPT, "vmm_check: stat %s.all is not the sum of the pools", names[k]);
+    }
+    size_t nh = a->n_fh;
+    for (vmm_segment *s = a->segs; s; s = s->next)
+        nh += s->expandable ? s->mapped_pages : 0;
+    if (nh != a->n_handles)
+        return bad("physical handle count is wrong", 0);
+    if ((size_t)st->reserved_bytes[0].current > a->cap)
+        return bad("reserved bytes exceed the allowed memory", 0);
+    return VMM_OK;
+}
+
+VMM_API int vmm_check(vmm_allocator *a)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_check: allocator is NULL");
+    vmm_lock(a);
+    int rc = check_locked(a);
+    vmm_unlock(a);
+    return rc;
+}
