@@ -1,0 +1,86 @@
+/*
+ * Planner internals shared by the files in src/planner (private to the planner; the allocator never sees it).
+ * Every algorithm works on "items": a buffer, or a contiguous group fused into one block. Times are
+ * compressed to slot numbers 0..slots-1; item i is live in slots [lo, hi).
+ */
+#ifndef VMM_PLANNER_H
+#define VMM_PLANNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+#include "vmmalloc_plan.h"
+
+typedef struct plan_item {
+    uint32_t lo, hi;  /* live slots [lo, hi) */
+    uint64_t size;    /* bytes, including padding between group members */
+    uint64_t align;   /* power of two >= 1 */
+} plan_item;
+
+typedef struct plan_ctx {
+    size_t n;          /* items */
+    uint32_t slots;    /* distinct time points - 1 (at least 1) */
+    plan_item *items;
+    uint64_t lower_bound;
+    uint64_t *live;    /* live bytes per slot (lower bound = max) */
+    /* Back to the caller's buffers: buffer b sits at item_of[b]'s offset + rel[b]. */
+    size_t nbuf;
+    size_t *item_of;
+    uint64_t *rel;
+} plan_ctx;
+
+static inline uint64_t plan_align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+
+/* ---- problem.c ----------------------------------------------------------------------------- */
+/* Validate bufs and build the items. VMM_EINVAL naming the buffer, VMM_EHOSTMEM. */
+int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n);
+void plan_ctx_free(plan_ctx *c);
+/* Arena of item offsets off[] (max off + size). */
+uint64_t plan_arena(const plan_ctx *c, const uint64_t *off);
+/* Monotonic seconds. */
+double plan_now(void);
+
+/* ---- naive.c -------------------------------------------------------------------------------- */
+/* Each writes one offset per item into off and returns VMM_OK or VMM_EHOSTMEM. */
+int plan_naive(const plan_ctx *c, uint64_t *off);
+int plan_greedy_shared(const plan_ctx *c, uint64_t *off);
+
+/* ---- place.c -------------------------------------------------------------------------------- */
+enum plan_fit { PLAN_FIT_BEST = 0, PLAN_FIT_FIRST = 1, PLAN_FIT_COUNT = 2 };
+enum plan_order {
+    PLAN_ORDER_SIZE = 0,     /* size desc, then longer lifetime (TFLite greedy by size) */
+    PLAN_ORDER_AREA,         /* size x lifetime desc */
+    PLAN_ORDER_LENGTH,       /* lifetime desc, then size */
+    PLAN_ORDER_BREADTH,      /* peak live bytes within the lifetime desc, then size */
+    PLAN_ORDER_START,        /* lower asc, then size desc */
+    PLAN_ORDER_END,          /* upper desc, then size desc */
+    PLAN_ORDER_COUNT
+};
+/* Fill order[] (n item indices) by rule. VMM_OK or VMM_EHOSTMEM. */
+int plan_make_order(const plan_ctx *c, int rule, uint32_t *order);
+/* Place items in the given order, each into the gap among time-overlapping placed items chosen by
+ * fit (or on top of them all). VMM_OK or VMM_EHOSTMEM. */
+int plan_place(const plan_ctx *c, const uint32_t *order, int fit, uint64_t *off);
+const char *plan_order_name(int rule);
+const char *plan_fit_name(int fit);
+
+/* ---- tree.c --------------------------------------------------------------------------------- */
+int plan_tree(const plan_ctx *c, uint64_t *off);
+
+/* ---- heuristics.c --------------------------------------------------------------------------- */
+/* Run every heuristic on `threads` threads (0 = CPUs), keep the lowest arena. winner gets its name. */
+int plan_heuristics(const plan_ctx *c, int threads, uint64_t *off, char *winner, size_t wlen);
+
+/* ---- exact.c -------------------------------------------------------------------------------- */
+typedef struct plan_exact_out {
+    int optimal;     /* the search finished: off is minimal (or capacity proven infeasible) */
+    int infeasible;  /* capacity given and proven impossible */
+    uint64_t nodes;
+} plan_exact_out;
+/* Search from seed (a valid plan, may be NULL) for a smaller arena; with capacity != 0 stop at the
+ * first plan fitting it. off gets the best plan (the seed when nothing better is found). */
+int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, double deadline,
+               uint64_t *off, plan_exact_out *out);
+
+#endif /* VMM_PLANNER_H */
