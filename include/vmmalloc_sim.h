@@ -43,7 +43,9 @@ extern "C" {
     X(STREAM_WAIT_EVENT, "stream_wait_event")                                              \
     X(LAUNCH_HOST, "launch_host")                                                          \
     X(MEMSET, "memset")                                                                    \
-    X(MEMCPY, "memcpy")
+    X(MEMCPY, "memcpy")                                                                    \
+    X(HOST_ALLOC, "host_alloc")                                                            \
+    X(HOST_FREE, "host_free")
 
 typedef enum vmm_sim_call {
 #define VMM_SIM_CALL_ENUM_(name, str) VMM_SIM_CALL_##name,
@@ -86,15 +88,17 @@ typedef struct vmm_sim_counters {
     uint64_t live_classic_allocs;       /* mem_alloc blocks not freed */
     uint64_t live_streams;              /* streams created and not destroyed (default stream excluded) */
     uint64_t live_events;               /* events created and not destroyed */
+    uint64_t host_bytes;                /* pinned host memory held (host_alloc, page rounded) */
+    uint64_t live_host_allocs;          /* host_alloc blocks not freed */
 } vmm_sim_counters;
 
 /* Snapshot of the allocator's simulated device counters. */
 VMM_API int vmm_sim_get_counters(vmm_allocator *a, vmm_sim_counters *out);
 
 /* Sum of the live-resource counters (phys_bytes, live_handles, mapped_bytes, reserved_va_bytes,
- * live_classic_allocs, live_streams, live_events) over every simulated device in the process,
- * including destroyed ones: all zero once every allocator is destroyed means nothing leaked.
- * Always available (no allocator needed). */
+ * live_classic_allocs, live_streams, live_events, host_bytes, live_host_allocs) over every
+ * simulated device in the process, including destroyed ones: all zero once every allocator is
+ * destroyed means nothing leaked. Always available (no allocator needed). */
 VMM_API void vmm_sim_global_live(vmm_sim_counters *out);
 
 /*

@@ -115,6 +115,15 @@ typedef struct vmm_driver_ops {
     /* Physical handle mapped at the page containing va, or 0 and INVALID_VALUE when unmapped.
      * Used by vmm_check to compare the allocator's page table with the driver's. */
     int (*lookup_mapping)(vmm_driver *d, uintptr_t va, vmm_phys *out);
+    /* OPTIONAL (NULL: unsupported; callers answer VMM_ENOTSUP). Page-locked host memory usable by
+     * every context of the process (cuMemHostAlloc with CU_MEMHOSTALLOC_PORTABLE): `size` bytes,
+     * nonzero, any value; *out page aligned. OUT_OF_MEMORY when the host cannot pin that much.
+     * Host memory is not charged to the device's capacity. */
+    int (*host_alloc)(vmm_driver *d, size_t size, void **out);
+    /* OPTIONAL, present with host_alloc (cuMemFreeHost). Synchronizes the device first, as
+     * cudaFreeHost does, so callers free only memory whose events have completed, and rarely.
+     * INVALID_VALUE for a pointer host_alloc did not return. */
+    int (*host_free)(vmm_driver *d, void *p);
     /* Tear the driver down: releases the context / the simulated device. Resources still live are
      * counted as leaks by the sim but freed all the same. */
     void (*close)(vmm_driver *d);

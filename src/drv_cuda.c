@@ -112,6 +112,8 @@ static struct cuda_api {
     CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
     CUresult (*memset_d32_async)(CUdeviceptr, unsigned int, size_t, CUstream);
     CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*host_alloc)(void **, size_t, unsigned int);
+    CUresult (*host_free)(void *);
 } cu;
 
 /* Outcome of loading libcuda, decided once per process. */
@@ -207,7 +209,9 @@ static CUresult resolve(const char *symbol, void **fn)
     X(event_destroy, "cuEventDestroy")                     \
     X(launch_host_func, "cuLaunchHostFunc")                \
     X(memset_d32_async, "cuMemsetD32Async")                \
-    X(memcpy_dtoh_async, "cuMemcpyDtoHAsync")
+    X(memcpy_dtoh_async, "cuMemcpyDtoHAsync")              \
+    X(host_alloc, "cuMemHostAlloc")                        \
+    X(host_free, "cuMemFreeHost")
 
 static void load_libcuda(void)
 {
@@ -530,6 +534,16 @@ static int cu_memcpy_dtoh(vmm_driver *d, void *dst, uintptr_t va, size_t n, void
     RETURN_IN_CONTEXT(as_cuda(d), cu.memcpy_dtoh_async(dst, (CUdeviceptr)va, n, as_stream(s)));
 }
 
+/* Page-locked host memory, usable from every context (PORTABLE), for the pinned cache. */
+static int cu_host_alloc(vmm_driver *d, size_t size, void **out)
+{
+    if (!out || !size)
+        return VMM_DRV_INVALID_VALUE;
+    RETURN_IN_CONTEXT(as_cuda(d), cu.host_alloc(out, size, CU_MEMHOSTALLOC_PORTABLE));
+}
+
+static int cu_host_free(vmm_driver *d, void *p) { RETURN_IN_CONTEXT(as_cuda(d), cu.host_free(p)); }
+
 static int cu_lookup_mapping(vmm_driver *d, uintptr_t va, vmm_phys *out)
 {
     cuda_driver *c = as_cuda(d);
@@ -589,6 +603,8 @@ static const vmm_driver_ops cuda_ops = {
     .memset32 = cu_memset32,
     .memcpy_dtoh = cu_memcpy_dtoh,
     .lookup_mapping = cu_lookup_mapping,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
     .close = cu_close,
 };
 

@@ -80,6 +80,11 @@ static const uint64_t sim_default_cost_ns[VMM_SIM_CALL_COUNT] = {
     [VMM_SIM_CALL_LAUNCH_HOST] = 3000,
     [VMM_SIM_CALL_MEMSET] = 3000,
     [VMM_SIM_CALL_MEMCPY] = 3000,
+    /* Estimates, no measurement at hand: pinning host pages costs about what creating device
+     * pages does per call (mem_create 193 us would be the pessimistic end); 100 us is taken.
+     * host_free 30 us as mem_free, its device synchronization counted apart. */
+    [VMM_SIM_CALL_HOST_ALLOC] = 100000,
+    [VMM_SIM_CALL_HOST_FREE] = 30000,
 };
 _Static_assert(sizeof sim_default_cost_ns / sizeof sim_default_cost_ns[0] == VMM_SIM_CALL_COUNT,
                "one cost per call kind");
@@ -121,6 +126,8 @@ enum sim_live {
     LIVE_CLASSIC,
     LIVE_STREAMS,
     LIVE_EVENTS,
+    LIVE_HOST_BYTES,
+    LIVE_HOST_ALLOCS,
     LIVE_COUNT
 };
 
@@ -138,6 +145,8 @@ static void live_fill(vmm_sim_counters *out, const uint64_t v[LIVE_COUNT])
     out->live_classic_allocs = v[LIVE_CLASSIC];
     out->live_streams = v[LIVE_STREAMS];
     out->live_events = v[LIVE_EVENTS];
+    out->host_bytes = v[LIVE_HOST_BYTES];
+    out->live_host_allocs = v[LIVE_HOST_ALLOCS];
 }
 
 VMM_API void vmm_sim_global_live(vmm_sim_counters *out)
@@ -280,6 +289,11 @@ typedef struct sim_classic {
     size_t map_len;  /* bytes of the host mapping */
 } sim_classic;
 
+typedef struct sim_host {
+    size_t size;     /* as asked */
+    size_t map_len;  /* bytes of the host mapping */
+} sim_host;
+
 typedef struct sim_marker {
     bool done;
     unsigned refs;
@@ -337,6 +351,7 @@ struct sim_device {
     sim_mapping *mappings;
     hmap handles;  /* id -> sim_phys (not released) */
     hmap classic;  /* ptr -> sim_classic */
+    hmap host;     /* ptr -> sim_host (pinned host memory) */
     uint64_t next_handle;
 
     pthread_mutex_t qmu;
@@ -402,6 +417,7 @@ static int injected_result(int kind)
     case VMM_SIM_CALL_MEM_CREATE:
     case VMM_SIM_CALL_MEM_ALLOC:
     case VMM_SIM_CALL_VA_RESERVE:
+    case VMM_SIM_CALL_HOST_ALLOC:
         return VMM_DRV_OUT_OF_MEMORY;
     default:
         return VMM_DRV_UNKNOWN;
@@ -954,6 +970,73 @@ static int sim_mem_free(vmm_driver *drv, uintptr_t ptr)
     return VMM_DRV_SUCCESS;
 }
 
+/* cuMemHostAlloc: real read-write host memory in both modes (the caller writes into it), charged
+ * to no capacity; only injected faults or a failing mmap make it run out. */
+static int host_alloc_locked(sim_device *d, size_t size, void **out)
+{
+    if (!out || size == 0)
+        return VMM_DRV_INVALID_VALUE;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (size > SIZE_MAX - page)
+        return VMM_DRV_OUT_OF_MEMORY;
+    if (hmap_reserve(&d->host, 1))
+        return VMM_DRV_OUT_OF_MEMORY;
+    sim_host *h = calloc(1, sizeof *h);
+    if (!h)
+        return VMM_DRV_OUT_OF_MEMORY;
+    h->size = size;
+    h->map_len = (size + page - 1) & ~(page - 1);
+    void *p = mmap(NULL, h->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        free(h);
+        return VMM_DRV_OUT_OF_MEMORY;
+    }
+    hmap_put(&d->host, (uint64_t)(uintptr_t)p, h);
+    live_add(d, LIVE_HOST_BYTES, h->map_len);
+    live_add(d, LIVE_HOST_ALLOCS, 1);
+    *out = p;
+    return VMM_DRV_SUCCESS;
+}
+
+static int sim_host_alloc(vmm_driver *drv, size_t size, void **out)
+{
+    sim_device *d = dev_of(drv);
+    pthread_mutex_lock(&d->mu);
+    int r = call_begin_locked(d, VMM_SIM_CALL_HOST_ALLOC);
+    if (!r)
+        r = host_alloc_locked(d, size, out);
+    call_end_locked(d, VMM_SIM_CALL_HOST_ALLOC, r);
+    pthread_mutex_unlock(&d->mu);
+    return r;
+}
+
+/* cuMemFreeHost synchronizes the device like cuMemFree (that is why pinned memory is cached). */
+static int sim_host_free(vmm_driver *drv, void *ptr)
+{
+    sim_device *d = dev_of(drv);
+    pthread_mutex_lock(&d->mu);
+    int r = call_begin_locked(d, VMM_SIM_CALL_HOST_FREE);
+    sim_host *h = NULL;
+    if (!r) {
+        h = ptr ? hmap_del(&d->host, (uint64_t)(uintptr_t)ptr) : NULL;
+        if (!h)
+            r = VMM_DRV_INVALID_VALUE;
+    }
+    call_end_locked(d, VMM_SIM_CALL_HOST_FREE, r);
+    if (h)
+        d->device_syncs++;
+    pthread_mutex_unlock(&d->mu);
+    if (!h)
+        return r;
+    device_sync_wait(d);
+    munmap(ptr, h->map_len);
+    live_sub(d, LIVE_HOST_BYTES, h->map_len);
+    live_sub(d, LIVE_HOST_ALLOCS, 1);
+    free(h);
+    return VMM_DRV_SUCCESS;
+}
+
 static int sim_lookup_mapping(vmm_driver *drv, uintptr_t va, vmm_phys *out)
 {
     sim_device *d = dev_of(drv);
@@ -1320,15 +1403,22 @@ static int sim_event_record(vmm_driver *drv, vmm_event ev, void *sp)
     pthread_mutex_lock(&d->qmu);
     sim_event *e = ev ? event_find(d, ev) : NULL;
     sim_stream *s = stream_find(d, sp);
+    bool idle = s && !s->head;
     if (e && s) {
-        m->refs = 2; /* the event and the queued marker item */
+        /* On an idle stream the marker is complete at once, as on a GPU with nothing queued (and
+         * independent of when the worker thread gets a core) */
+        m->refs = idle ? 1 : 2; /* the event and the queued marker item */
+        m->done = idle;
         marker_unref(e->latest);
         e->latest = m;
         it->kind = ITEM_MARK;
         it->marker = m;
-        stream_push(d, s, it);
+        if (!idle)
+            stream_push(d, s, it);
     }
     pthread_mutex_unlock(&d->qmu);
+    if (idle && e)
+        free(it);
     if (!e || !s) {
         free(it);
         free(m);
@@ -1529,6 +1619,13 @@ static void sim_close(vmm_driver *drv)
             free(c);
         }
     }
+    for (size_t i = 0; i < d->host.cap; i++) {
+        sim_host *h = d->host.vals[i];
+        if (d->host.keys[i]) {
+            munmap((void *)(uintptr_t)d->host.keys[i], h->map_len);
+            free(h);
+        }
+    }
     for (size_t i = 0; i < d->n_res; i++) {
         munmap((void *)d->res[i]->va, d->res[i]->size);
         free(d->res[i]);
@@ -1537,6 +1634,7 @@ static void sim_close(vmm_driver *drv)
     hmap_free(&d->pages);
     hmap_free(&d->handles);
     hmap_free(&d->classic);
+    hmap_free(&d->host);
     hmap_free(&d->events);
     pthread_cond_destroy(&d->done_cv);
     pthread_mutex_destroy(&d->qmu);
@@ -1571,6 +1669,8 @@ static const vmm_driver_ops sim_ops = {
     .memset32 = sim_memset32,
     .memcpy_dtoh = sim_memcpy_dtoh,
     .lookup_mapping = sim_lookup_mapping,
+    .host_alloc = sim_host_alloc,
+    .host_free = sim_host_free,
     .close = sim_close,
 };
 

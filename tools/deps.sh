@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what building and testing vmmalloc needs, from Debian's packages. As root it runs apt-get;
-# otherwise it prints the exact command and stops with status 1. Idempotent and quiet when all is there.
+# Installs what building vmmalloc needs (and with --test, what its test suite needs too), from
+# Debian's packages. As root it runs apt-get; otherwise it prints the exact command and stops with
+# status 1. Idempotent and quiet when all is there.
 set -euo pipefail
+tests=0
+[ "${1:-}" = "--test" ] && tests=1
 
 need=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }
@@ -12,6 +15,9 @@ have_cmd pkg-config || need+=(pkg-config)
 have_cmd python3 || need+=(python3)
 have_cmd gnuplot || need+=(gnuplot-nox)
 [ -f /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
+if [ $tests -eq 1 ]; then
+    have_cmd chromium || need+=(chromium) # headless render check of vmm-viz output
+fi
 
 [ ${#need[@]} -eq 0 ] && exit 0
 
