@@ -1,314 +1,525 @@
-/* Exact search, after the ideas published with MiniMalloc (Moffitt, ASPLOS'23); the search below
- * is our own design.
+/* Exact search, after the ideas published with MiniMalloc (Moffitt, ASPLOS'23); the code is ours.
  *
- * Canonical solutions. Any plan can be pushed down until every item rests on an item below it
- * that is live at the same time (or on 0), without growing the arena. Listing such a plan's items
- * by offset (ties by index), each item sits at align_up(top of the items live with it that come
- * earlier in the list). So the search builds the list: at each node it picks the next item, which
- * goes exactly at its resting height y, and y may never be below the previous item's offset
- * (the "floor"). Items whose resting height is below the floor cannot be next (they must later
- * rest on something not placed yet); items at the floor with a smaller index than the previous one
- * are skipped (the other order reaches the same plan); of identical items only the first unplaced
- * one is tried.
+ * The core is a feasibility test: is there a plan within `cap` bytes? Minimising the arena is a
+ * search over caps (plan_exact, at the bottom).
  *
- * Inference, to backtrack early:
- *  - an item whose resting height is below the floor and which has no unplaced time-neighbour left
- *    can never rest anywhere: dead end;
- *  - every unplaced item ends at or above max(floor, its resting height) + size: above the
- *    capacity means dead end;
- *  - per time slot, nothing unplaced can go below max(floor, top of what is placed there), so that
- *    plus the unplaced bytes live in the slot must fit under the capacity.
- * Without a capacity the search minimises: it first asks for a plan at the lower bound (often
- * exists, and the bound prunes hardest there), then branches and bounds below the best plan. */
+ * Canonical plans. Take a plan with the smallest sum of offsets: no item can move to any lower
+ * free position. List its items by (offset, preorder rank). Each item then sits exactly at its
+ * "resting height": align_up(max top of the time-overlapping items listed before it), because
+ * items listed after it start no lower than it does. So the search builds that list: a node picks
+ * the next item and puts it at its resting height, which may not be below the previous item's
+ * offset (nor equal to it with a smaller rank). Dominance: if some unplaced item c could rest
+ * entirely below the offset y about to be used (its resting height + size <= y), the plan being
+ * built leaves a hole c fits in and every later item sits at >= y, so the finished plan would
+ * not be of minimal offset sum: skip. Candidates are tried lowest resting height first, so the
+ * first one at or above the smallest unplaced "resting top" ends the loop.
+ *
+ * Inference, per time slot: unplaced items live in the slot all overlap each other, so they stack
+ * above max(top of what is placed there, the previous offset, the lowest resting height among
+ * them); that plus their total size must fit in cap.
+ *
+ * Decomposition: a slot boundary that no unplaced item crosses splits the rest into independent
+ * problems (placed items only act through resting heights and floors, which are already set);
+ * each part is solved on its own, and a part without a plan fails the node.
+ *
+ * Search orders: the preorder rank breaks ties between equal resting heights and decides which
+ * plans of equal offsets are canonical. Like MiniMalloc we try three preorders round robin with a
+ * node limit that doubles each round, since one order often finds a plan quickly where another
+ * wanders; a completed search under any order proves infeasibility. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "planner.h"
 
 enum {
-    /* Cap on conflict-list entries (uint32 each): beyond this the instance is too dense to search
-     * and the seed is returned as is. 32 Mi entries = 128 MiB. */
-    EXACT_MAX_NEIGHBOURS = 32 << 20,
+    /* Cap on conflict-list and slot-list entries (uint32 each): beyond this the instance is too
+     * dense to search and the seed is returned as is. 32 Mi entries = 128 MiB per list. */
+    EXACT_MAX_ENTRIES = 32 << 20,
     /* Clock reads cost more than a node; look at the time every this many nodes. */
-    EXACT_CLOCK_EVERY = 1024,
+    EXACT_CLOCK_EVERY = 256,
+    /* Preorders tried round robin (see the top comment). */
+    EXACT_ORDERS = 3,
 };
 
-typedef struct undo {
-    uint32_t what; /* item index, or slot index | UNDO_SLOT */
-    uint64_t old;
-} undo;
+enum xs_status { XS_FOUND = 0, XS_NONE = 1, XS_LIMIT = 2, XS_STOP = 3 };
+
+#define NO_POS UINT64_MAX
 #define UNDO_SLOT 0x80000000u
 
-typedef struct search {
+typedef struct undo {
+    uint32_t what; /* item index, or slot | UNDO_SLOT */
+    uint64_t old;
+} undo;
+
+typedef struct cand {
+    uint64_t off;
+    uint32_t rank, item;
+} cand;
+
+typedef struct xs {
     const plan_ctx *c;
     size_t n;
     uint32_t slots;
-    /* items in search order (size desc, then lifetime desc) */
-    uint32_t *orig;            /* search index -> item index */
-    uint32_t *lo, *hi;
-    uint64_t *size, *align;
-    uint32_t *nb_start, *nb;   /* conflict lists, CSR */
-    uint32_t *twin_prev;       /* previous identical item, or UINT32_MAX */
+    uint32_t *nb_start, *nb;    /* conflict lists, CSR by item */
+    uint32_t *sl_start, *sl;    /* items live in each slot, CSR by slot */
+    uint32_t *rank;             /* preorder rank per item */
     /* state */
-    uint8_t *placed;
-    uint64_t *rest;            /* max end of placed neighbours */
-    uint32_t *free_nb;         /* unplaced neighbours */
-    uint64_t *sky;             /* per slot: top of the placed items live there */
-    uint64_t *remaining;       /* per slot: unplaced bytes live there */
-    uint64_t *pos;             /* offset of placed items */
+    uint64_t *rest;             /* resting height of unplaced items */
+    uint64_t *pos;              /* offset, or NO_POS */
+    uint64_t *sol;              /* the plan found */
+    uint64_t *floor, *total;    /* per slot: lowest offset left, unplaced bytes */
+    uint32_t *cuts;             /* per boundary t|t+1: unplaced items crossing it */
+    uint32_t *stamp, stamp_now; /* slots already marked affected by this placement */
+    uint32_t *affected;
     undo *undo;
     size_t nundo, capundo;
-    uint32_t *cand;
-    size_t ncand, capcand;
+    cand *cs;                   /* candidate lists of the open nodes, a stack */
+    size_t ncs, capcs;
+    uint32_t *parts;            /* item lists of the open partitions, a stack */
+    size_t nparts, capparts;
     /* control */
-    uint64_t cap;              /* a plan must fit in cap bytes */
-    int minimise;              /* keep going after a plan, with cap = its arena - 1 */
-    uint64_t best;             /* arena of best (UINT64_MAX none) */
-    uint64_t *best_pos;        /* by search index */
-    uint64_t nodes;
+    uint64_t cap;
+    int order;                  /* the preorder in use (rank_items) */
+    uint64_t nodes, budget;     /* budget: nodes left before XS_LIMIT */
     double deadline;
-    int stop, oom, timeout;
-} search;
+    int oom, timeout;
+} xs;
 
-static int undo_push(search *s, uint32_t what, uint64_t old)
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
 {
-    if (s->nundo == s->capundo) {
-        size_t nc = s->capundo ? 2 * s->capundo : 1024;
-        undo *nu = realloc(s->undo, nc * sizeof *nu);
-        if (!nu) {
-            s->oom = s->stop = 1;
-            return -1;
-        }
-        s->undo = nu;
-        s->capundo = nc;
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : 1024;
+    while (nc < need)
+        nc *= 2;
+    void *np = realloc(*p, nc * elem);
+    if (!np)
+        return -1;
+    *p = np;
+    *cap = nc;
+    return 0;
+}
+
+static int undo_push(xs *s, uint32_t what, uint64_t old)
+{
+    if (grow((void **)&s->undo, &s->capundo, s->nundo + 1, sizeof *s->undo)) {
+        s->oom = 1;
+        return -1;
     }
     s->undo[s->nundo++] = (undo){what, old};
     return 0;
 }
 
-static void place(search *s, uint32_t b, uint64_t y)
+/* Put item b at y; record every change on the undo stack. */
+static void place(xs *s, uint32_t b, uint64_t y)
 {
-    uint64_t top = y + s->size[b];
-    s->placed[b] = 1;
+    const plan_item *it = &s->c->items[b];
+    uint64_t top = y + it->size;
+    size_t naff = 0;
     s->pos[b] = y;
+    s->stamp_now++;
+    for (uint32_t t = it->lo; t < it->hi; t++) {
+        if (undo_push(s, t | UNDO_SLOT, s->floor[t]))
+            return;
+        s->floor[t] = top;
+        s->total[t] -= it->size;
+    }
     for (uint32_t k = s->nb_start[b]; k < s->nb_start[b + 1]; k++) {
         uint32_t j = s->nb[k];
-        s->free_nb[j]--;
-        if (!s->placed[j] && s->rest[j] < top) {
-            if (undo_push(s, j, s->rest[j]))
+        if (s->pos[j] != NO_POS || s->rest[j] >= top)
+            continue;
+        if (undo_push(s, j, s->rest[j]))
+            return;
+        uint64_t r = plan_align_up(top, s->c->items[j].align);
+        s->rest[j] = r;
+        /* j's slots may get a higher floor (the lowest resting height there may have risen);
+         * only where the floor is below j's new height */
+        for (uint32_t t = s->c->items[j].lo; t < s->c->items[j].hi; t++)
+            if (s->floor[t] < r && s->stamp[t] != s->stamp_now) {
+                s->stamp[t] = s->stamp_now;
+                s->affected[naff++] = t;
+            }
+    }
+    for (size_t k = 0; k < naff; k++) {
+        uint32_t t = s->affected[k];
+        uint64_t m = UINT64_MAX, f = s->floor[t];
+        for (uint32_t e = s->sl_start[t]; e < s->sl_start[t + 1] && m > f; e++) {
+            uint32_t j = s->sl[e];
+            if (s->pos[j] == NO_POS && s->rest[j] < m)
+                m = s->rest[j];
+        }
+        if (m != UINT64_MAX && f < m) {
+            if (undo_push(s, t | UNDO_SLOT, f))
                 return;
-            s->rest[j] = top;
+            s->floor[t] = m;
         }
     }
-    for (uint32_t t = s->lo[b]; t < s->hi[b]; t++) {
-        if (undo_push(s, t | UNDO_SLOT, s->sky[t]))
-            return;
-        s->sky[t] = top;
-        s->remaining[t] -= s->size[b];
-    }
+    for (uint32_t t = it->lo; t + 1 < it->hi; t++)
+        s->cuts[t]--;
 }
 
-static void unplace(search *s, uint32_t b, size_t mark)
+static void unplace(xs *s, uint32_t b, size_t mark)
 {
+    const plan_item *it = &s->c->items[b];
     while (s->nundo > mark) {
         undo u = s->undo[--s->nundo];
         if (u.what & UNDO_SLOT)
-            s->sky[u.what & ~UNDO_SLOT] = u.old;
+            s->floor[u.what & ~UNDO_SLOT] = u.old;
         else
             s->rest[u.what] = u.old;
     }
-    for (uint32_t t = s->lo[b]; t < s->hi[b]; t++)
-        s->remaining[t] += s->size[b];
-    for (uint32_t k = s->nb_start[b]; k < s->nb_start[b + 1]; k++)
-        s->free_nb[s->nb[k]]++;
-    s->placed[b] = 0;
+    for (uint32_t t = it->lo; t < it->hi; t++)
+        s->total[t] += it->size;
+    for (uint32_t t = it->lo; t + 1 < it->hi; t++)
+        s->cuts[t]++;
+    s->pos[b] = NO_POS;
 }
 
-static uint64_t rest_at(const search *s, uint32_t i) { return plan_align_up(s->rest[i], s->align[i]); }
-
-static void dfs(search *s, size_t depth, uint64_t floor, uint32_t last, uint64_t top)
+/* Slot inference over [slo, shi) with every later offset >= y. */
+static int slots_fit(const xs *s, uint32_t slo, uint32_t shi, uint64_t y)
 {
-    if (s->stop)
-        return;
-    if (depth == s->n) {
-        s->best = top;
-        memcpy(s->best_pos, s->pos, s->n * sizeof *s->pos);
-        if (!s->minimise || top <= s->c->lower_bound)
-            s->stop = 1;
-        else
-            s->cap = top - 1;
-        return;
+    for (uint32_t t = slo; t < shi; t++) {
+        if (!s->total[t])
+            continue;
+        uint64_t f = s->floor[t] > y ? s->floor[t] : y;
+        if (f > s->cap || s->total[t] > s->cap - f)
+            return 0;
     }
-    if (++s->nodes % EXACT_CLOCK_EVERY == 0 && plan_now() > s->deadline) {
-        s->stop = s->timeout = 1;
-        return;
+    return 1;
+}
+
+static int cmp_cand(const void *a, const void *b)
+{
+    const cand *x = a, *y = b;
+    if (x->off != y->off)
+        return x->off < y->off ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t shi, uint64_t last_off,
+                       uint32_t last_rank);
+static int rank_items(xs *s, const uint32_t *items, size_t m);
+
+/* Search a piece cut off by decomposition afresh: its items ranked again by the current slot
+ * totals (as MiniMalloc does for its sub-partitions), the old ranks restored afterwards. */
+static int search_piece(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t shi)
+{
+    if (pn == 0)
+        return XS_FOUND;
+    uint32_t *old = malloc(pn * sizeof *old);
+    if (!old) {
+        s->oom = 1;
+        return XS_STOP;
     }
-    for (uint32_t t = 0; t < s->slots; t++)
-        if (s->remaining[t] && (s->sky[t] > floor ? s->sky[t] : floor) + s->remaining[t] > s->cap)
-            return;
-    size_t base = s->ncand;
-    for (uint32_t i = 0; i < s->n; i++) {
-        if (s->placed[i])
-            continue;
-        uint64_t y = rest_at(s, i);
-        uint64_t eff = y >= floor ? y : plan_align_up(floor, s->align[i]);
-        if (eff + s->size[i] > s->cap)
-            goto prune;
-        if (y < floor) {
-            if (s->free_nb[i] == 0)
-                goto prune; /* nothing left to rest on */
-            continue;
-        }
-        if (y == floor && i < last)
-            continue;
-        if (s->twin_prev[i] != UINT32_MAX && !s->placed[s->twin_prev[i]])
-            continue;
-        if (s->ncand == s->capcand) {
-            size_t nc = s->capcand ? 2 * s->capcand : 1024;
-            uint32_t *nv = realloc(s->cand, nc * sizeof *nv);
-            if (!nv) {
-                s->oom = s->stop = 1;
-                goto prune;
+    for (size_t k = 0; k < pn; k++)
+        old[k] = s->rank[s->parts[pbase + k]];
+    int st = rank_items(s, s->parts + pbase, pn) ? XS_STOP : search_part(s, pbase, pn, slo, shi, 0, 0);
+    for (size_t k = 0; k < pn; k++)
+        s->rank[s->parts[pbase + k]] = old[k];
+    free(old);
+    return st;
+}
+
+/* Solve the unplaced items of partition (pbase, pn) over slots [slo, shi) split at every boundary
+ * no unplaced item crosses; each piece starts afresh (offset 0, rank 0). */
+static int split_and_search(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t shi, uint64_t last_off,
+                            uint32_t last_rank, int try_split)
+{
+    /* try_split: 1 = look for a cut; 2 = the same, and (pbase, pn) is itself a piece just cut off */
+    uint32_t cut = shi;
+    if (try_split)
+        for (uint32_t t = slo; t + 1 < shi; t++)
+            if (s->cuts[t] == 0) {
+                cut = t + 1;
+                break;
             }
-            s->cand = nv;
-            s->capcand = nc;
-        }
-        /* Insertion by (resting height asc, search index asc): low placements first. */
-        size_t p = s->ncand++;
-        while (p > base && rest_at(s, s->cand[p - 1]) > y) {
-            s->cand[p] = s->cand[p - 1];
-            p--;
-        }
-        s->cand[p] = i;
+    if (cut == shi)
+        return try_split == 2 ? search_piece(s, pbase, pn, slo, shi)
+                              : search_part(s, pbase, pn, slo, shi, last_off, last_rank);
+    /* Pieces left to right: [slo, cut) now, then the rest recursively (it may split again). */
+    size_t mark = s->nparts;
+    if (grow((void **)&s->parts, &s->capparts, s->nparts + pn, sizeof *s->parts)) {
+        s->oom = 1;
+        return XS_STOP;
     }
-    for (size_t k = base; k < s->ncand && !s->stop; k++) {
-        uint32_t b = s->cand[k];
-        uint64_t y = rest_at(s, b);
-        if (y + s->size[b] > s->cap)
-            continue; /* cap dropped since the list was made */
-        size_t mark = s->nundo;
-        place(s, b, y);
-        if (!s->oom)
-            dfs(s, depth + 1, y, b, top > y + s->size[b] ? top : y + s->size[b]);
-        unplace(s, b, mark);
+    size_t lb = s->nparts, ln = 0;
+    for (size_t k = 0; k < pn; k++) {
+        uint32_t i = s->parts[pbase + k];
+        if (s->pos[i] == NO_POS && s->c->items[i].hi <= cut)
+            s->parts[lb + ln++] = i;
     }
-prune:
-    s->ncand = base;
+    size_t rb = lb + ln, rn = 0;
+    for (size_t k = 0; k < pn; k++) {
+        uint32_t i = s->parts[pbase + k];
+        if (s->pos[i] == NO_POS && s->c->items[i].lo >= cut)
+            s->parts[rb + rn++] = i;
+    }
+    s->nparts = rb + rn;
+    int st = search_piece(s, lb, ln, slo, cut);
+    if (st == XS_FOUND)
+        st = split_and_search(s, rb, rn, cut, shi, 0, 0, 2);
+    s->nparts = mark;
+    return st;
 }
 
-/* Search order: size desc, lifetime desc, then item index. */
-typedef struct sk {
-    uint64_t size;
-    uint32_t len, idx;
-} sk;
-static int cmp_sk(const void *a, const void *b)
+static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t shi, uint64_t last_off,
+                       uint32_t last_rank)
 {
-    const sk *x = a, *y = b;
-    if (x->size != y->size)
-        return x->size < y->size ? 1 : -1;
-    if (x->len != y->len)
-        return x->len < y->len ? 1 : -1;
+    if (s->budget == 0)
+        return XS_LIMIT;
+    s->budget--;
+    if (++s->nodes % EXACT_CLOCK_EVERY == 0 && plan_now() > s->deadline) {
+        s->timeout = 1;
+        return XS_STOP;
+    }
+    size_t cbase = s->ncs;
+    if (grow((void **)&s->cs, &s->capcs, s->ncs + pn, sizeof *s->cs)) {
+        s->oom = 1;
+        return XS_STOP;
+    }
+    size_t nc = 0;
+    uint64_t min_top = UINT64_MAX;
+    for (size_t k = 0; k < pn; k++) {
+        uint32_t i = s->parts[pbase + k];
+        if (s->pos[i] != NO_POS)
+            continue;
+        uint64_t top = s->rest[i] + s->c->items[i].size;
+        if (top > s->cap)
+            return XS_NONE; /* cannot go anywhere: resting heights only rise */
+        min_top = top < min_top ? top : min_top;
+        s->cs[cbase + nc++] = (cand){s->rest[i], s->rank[i], i};
+    }
+    if (nc == 0)
+        return XS_FOUND;
+    s->ncs = cbase + nc;
+    qsort(s->cs + cbase, nc, sizeof *s->cs, cmp_cand);
+    int st = XS_NONE;
+    for (size_t k = 0; k < nc; k++) {
+        cand cd = s->cs[cbase + k];
+        if (cd.off >= min_top)
+            break; /* dominated: an unplaced item would fit below */
+        if (cd.off < last_off || (cd.off == last_off && cd.rank < last_rank))
+            continue; /* not canonical */
+        size_t mark = s->nundo;
+        place(s, cd.item, cd.off);
+        int r = XS_NONE;
+        if (s->oom)
+            r = XS_STOP;
+        else if (slots_fit(s, slo, shi, cd.off))
+            r = split_and_search(s, pbase, pn, slo, shi, cd.off, cd.rank, 1);
+        unplace(s, cd.item, mark);
+        if (r == XS_FOUND)
+            s->sol[cd.item] = cd.off;
+        if (r != XS_NONE) {
+            st = r;
+            break;
+        }
+    }
+    s->ncs = cbase;
+    return st;
+}
+
+/* ---- setup ----------------------------------------------------------------------------------- */
+
+typedef struct pre {
+    uint64_t k1, k2, k3;
+    uint32_t idx;
+} pre;
+
+static int cmp_pre(const void *a, const void *b)
+{
+    const pre *x = a, *y = b;
+    if (x->k1 != y->k1)
+        return x->k1 < y->k1 ? 1 : -1;
+    if (x->k2 != y->k2)
+        return x->k2 < y->k2 ? 1 : -1;
+    if (x->k3 != y->k3)
+        return x->k3 < y->k3 ? 1 : -1;
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
-static void search_free(search *s)
+/* Rank items[0..m) by preorder s->order, keys descending: 0 = (peak unplaced slot total, length,
+ * area), 1 = (peak total, area, length), 2 = (length, area, peak total); length in the caller's
+ * time units, as MiniMalloc's preorders use them. */
+static int rank_items(xs *s, const uint32_t *items, size_t m)
 {
-    free(s->orig);
-    free(s->lo);
-    free(s->hi);
-    free(s->size);
-    free(s->align);
-    free(s->nb_start);
-    free(s->nb);
-    free(s->twin_prev);
-    free(s->placed);
-    free(s->rest);
-    free(s->free_nb);
-    free(s->sky);
-    free(s->remaining);
-    free(s->pos);
-    free(s->undo);
-    free(s->cand);
-    free(s->best_pos);
+    pre *p = malloc((m ? m : 1) * sizeof *p);
+    if (!p) {
+        s->oom = 1;
+        return -1;
+    }
+    for (size_t k = 0; k < m; k++) {
+        uint32_t i = items[k];
+        const plan_item *it = &s->c->items[i];
+        uint64_t peak = 0;
+        for (uint32_t t = it->lo; t < it->hi; t++)
+            peak = s->total[t] > peak ? s->total[t] : peak;
+        uint64_t len = (uint64_t)s->c->time[it->hi] - (uint64_t)s->c->time[it->lo];
+        uint64_t area = it->size * len;
+        if (len && area / len != it->size)
+            area = UINT64_MAX; /* saturate instead of wrapping */
+        uint64_t key[3] = {peak, len, area};
+        if (s->order == 1)
+            key[1] = area, key[2] = len;
+        else if (s->order == 2)
+            key[0] = len, key[1] = area, key[2] = peak;
+        p[k] = (pre){key[0], key[1], key[2], i};
+    }
+    qsort(p, m, sizeof *p, cmp_pre);
+    for (size_t r = 0; r < m; r++)
+        s->rank[p[r].idx] = (uint32_t)r;
+    free(p);
+    return 0;
 }
 
-/* 1 when the conflict lists would be too big to search. */
-static int search_init(search *s, const plan_ctx *c)
+static void xs_free(xs *s)
 {
-    size_t n = c->n;
+    free(s->nb_start);
+    free(s->nb);
+    free(s->sl_start);
+    free(s->sl);
+    free(s->rank);
+    free(s->rest);
+    free(s->pos);
+    free(s->sol);
+    free(s->floor);
+    free(s->total);
+    free(s->cuts);
+    free(s->stamp);
+    free(s->affected);
+    free(s->undo);
+    free(s->cs);
+    free(s->parts);
+}
+
+static int cmp_by_lo(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* 1 when the lists would be too big to search. */
+static int xs_init(xs *s, const plan_ctx *c)
+{
+    size_t n = c->n, nn = n ? n : 1;
     s->c = c;
     s->n = n;
     s->slots = c->slots;
-    sk *keys = malloc((n ? n : 1) * sizeof *keys);
-    s->orig = malloc((n ? n : 1) * sizeof *s->orig);
-    s->lo = malloc((n ? n : 1) * sizeof *s->lo);
-    s->hi = malloc((n ? n : 1) * sizeof *s->hi);
-    s->size = malloc((n ? n : 1) * sizeof *s->size);
-    s->align = malloc((n ? n : 1) * sizeof *s->align);
     s->nb_start = calloc(n + 1, sizeof *s->nb_start);
-    s->twin_prev = malloc((n ? n : 1) * sizeof *s->twin_prev);
-    s->placed = calloc(n ? n : 1, 1);
-    s->rest = calloc(n ? n : 1, sizeof *s->rest);
-    s->free_nb = calloc(n ? n : 1, sizeof *s->free_nb);
-    s->sky = calloc(c->slots, sizeof *s->sky);
-    s->remaining = calloc(c->slots, sizeof *s->remaining);
-    s->pos = calloc(n ? n : 1, sizeof *s->pos);
-    s->best_pos = calloc(n ? n : 1, sizeof *s->best_pos);
-    if (!keys || !s->orig || !s->lo || !s->hi || !s->size || !s->align || !s->nb_start || !s->twin_prev ||
-        !s->placed || !s->rest || !s->free_nb || !s->sky || !s->remaining || !s->pos || !s->best_pos) {
-        free(keys);
-        return VMM_EHOSTMEM;
+    s->sl_start = calloc((size_t)c->slots + 1, sizeof *s->sl_start);
+    s->rank = calloc(nn, sizeof *s->rank);
+    s->rest = calloc(nn, sizeof *s->rest);
+    s->pos = malloc(nn * sizeof *s->pos);
+    s->sol = calloc(nn, sizeof *s->sol);
+    s->floor = calloc(c->slots, sizeof *s->floor);
+    s->total = calloc(c->slots, sizeof *s->total);
+    s->cuts = calloc(c->slots, sizeof *s->cuts);
+    s->stamp = calloc(c->slots, sizeof *s->stamp);
+    s->affected = calloc(c->slots, sizeof *s->affected);
+    uint64_t *bylo = malloc(nn * sizeof *bylo);
+    size_t nfill = nn > c->slots ? nn : c->slots; /* per slot first, then per item */
+    uint32_t *fill = calloc(nfill, sizeof *fill);
+    int rc = VMM_OK;
+    if (!s->nb_start || !s->sl_start || !s->rank || !s->rest || !s->pos || !s->sol || !s->floor || !s->total ||
+        !s->cuts || !s->stamp || !s->affected || !bylo || !fill) {
+        rc = VMM_EHOSTMEM;
+        goto out;
+    }
+    size_t slot_entries = 0;
+    for (size_t i = 0; i < n; i++) {
+        const plan_item *it = &c->items[i];
+        s->pos[i] = NO_POS;
+        slot_entries += it->hi - it->lo;
+        for (uint32_t t = it->lo; t < it->hi; t++) {
+            s->total[t] += it->size;
+            s->sl_start[t + 1]++;
+        }
+        for (uint32_t t = it->lo; t + 1 < it->hi; t++)
+            s->cuts[t]++;
+        bylo[i] = (uint64_t)it->lo << 32 | i;
+    }
+    if (slot_entries > EXACT_MAX_ENTRIES) {
+        rc = 1;
+        goto out;
+    }
+    for (uint32_t t = 0; t < c->slots; t++)
+        s->sl_start[t + 1] += s->sl_start[t];
+    s->sl = malloc((slot_entries ? slot_entries : 1) * sizeof *s->sl);
+    if (!s->sl) {
+        rc = VMM_EHOSTMEM;
+        goto out;
     }
     for (size_t i = 0; i < n; i++)
-        keys[i] = (sk){c->items[i].size, c->items[i].hi - c->items[i].lo, (uint32_t)i};
-    qsort(keys, n, sizeof *keys, cmp_sk);
-    for (size_t i = 0; i < n; i++) {
-        const plan_item *it = &c->items[keys[i].idx];
-        s->orig[i] = keys[i].idx;
-        s->lo[i] = it->lo;
-        s->hi[i] = it->hi;
-        s->size[i] = it->size;
-        s->align[i] = it->align;
-        for (uint32_t t = it->lo; t < it->hi; t++)
-            s->remaining[t] += it->size;
-    }
-    free(keys);
-    /* Conflict lists: count, then fill. Quadratic, but the search is for modest n. */
+        for (uint32_t t = c->items[i].lo; t < c->items[i].hi; t++)
+            s->sl[s->sl_start[t] + fill[t]++] = (uint32_t)i;
+    /* Conflicts by a sweep in lifetime-start order: j after i conflicts while lo_j < hi_i. */
+    qsort(bylo, n, sizeof *bylo, cmp_by_lo);
     size_t total = 0;
     for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < n; i++) {
-            for (size_t j = 0; j < n; j++) {
-                if (i == j || s->hi[i] <= s->lo[j] || s->hi[j] <= s->lo[i])
-                    continue;
-                if (pass == 0)
-                    total++;
-                else
-                    s->nb[s->nb_start[i] + s->free_nb[i]++] = (uint32_t)j;
+        for (size_t a = 0; a < n; a++) {
+            uint32_t i = (uint32_t)bylo[a];
+            for (size_t b = a + 1; b < n; b++) {
+                uint32_t j = (uint32_t)bylo[b];
+                if (c->items[j].lo >= c->items[i].hi)
+                    break;
+                if (pass == 0) {
+                    s->nb_start[i + 1]++;
+                    s->nb_start[j + 1]++;
+                    total += 2;
+                } else {
+                    s->nb[s->nb_start[i] + fill[i]++] = j;
+                    s->nb[s->nb_start[j] + fill[j]++] = i;
+                }
             }
-            if (pass == 0) {
-                s->nb_start[i + 1] = (uint32_t)total;
-                if (total > EXACT_MAX_NEIGHBOURS)
-                    return 1;
+            if (total > EXACT_MAX_ENTRIES) {
+                rc = 1;
+                goto out;
             }
         }
         if (pass == 0) {
+            for (size_t i = 0; i < n; i++)
+                s->nb_start[i + 1] += s->nb_start[i];
             s->nb = malloc((total ? total : 1) * sizeof *s->nb);
-            if (!s->nb)
-                return VMM_EHOSTMEM;
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
-        s->twin_prev[i] = UINT32_MAX;
-        for (size_t j = i; j-- > 0;) {
-            if (s->size[j] != s->size[i])
-                break; /* sorted by size: no twin further back */
-            if (s->lo[j] == s->lo[i] && s->hi[j] == s->hi[i] && s->align[j] == s->align[i]) {
-                s->twin_prev[i] = (uint32_t)j;
-                break;
+            if (!s->nb) {
+                rc = VMM_EHOSTMEM;
+                goto out;
             }
+            memset(fill, 0, nn * sizeof *fill);
         }
     }
-    return VMM_OK;
+out:
+    free(bylo);
+    free(fill);
+    return rc;
+}
+
+/* Is there a plan within cap by the deadline? XS_FOUND (s->sol holds it), XS_NONE (proven not),
+ * XS_STOP (time or memory ran out). */
+static int feasible(xs *s, uint64_t cap, double deadline)
+{
+    s->cap = cap;
+    s->deadline = deadline;
+    s->timeout = 0;
+    if (cap < s->c->lower_bound)
+        return XS_NONE;
+    size_t pn = s->n;
+    if (grow((void **)&s->parts, &s->capparts, pn, sizeof *s->parts)) {
+        s->oom = 1;
+        return XS_STOP;
+    }
+    for (size_t i = 0; i < pn; i++)
+        s->parts[i] = (uint32_t)i;
+    s->nparts = pn;
+    /* Round robin over the preorders, the node budget doubling each round. */
+    for (uint64_t limit = 2 * (uint64_t)(s->n + 1);; limit *= 2) {
+        for (int o = 0; o < EXACT_ORDERS; o++) {
+            s->order = o;
+            s->budget = limit;
+            int st = split_and_search(s, 0, pn, 0, s->slots, 0, 0, 2);
+            if (st != XS_LIMIT)
+                return st;
+        }
+    }
 }
 
 int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, double deadline, uint64_t *off,
@@ -326,53 +537,57 @@ int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, doubl
         out->optimal = seed_arena <= c->lower_bound;
         return VMM_OK;
     }
-    search s;
+    xs s;
     memset(&s, 0, sizeof s);
-    int rc = search_init(&s, c);
-    if (rc == 1) {
-        search_free(&s);
-        if (!seed)
-            return plan_naive(c, off);
-        return VMM_OK;
+    int rc = xs_init(&s, c);
+    if (rc == 1) { /* too dense: keep the seed */
+        xs_free(&s);
+        return seed ? VMM_OK : plan_naive(c, off);
     }
     if (rc) {
-        search_free(&s);
+        xs_free(&s);
         return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
     }
-    s.best = UINT64_MAX;
-    s.deadline = deadline;
+    uint64_t best = seed_arena;
     if (capacity) {
-        s.cap = capacity;
-        dfs(&s, 0, 0, 0, 0);
-        out->infeasible = !s.timeout && !s.oom && s.best == UINT64_MAX;
+        int st = feasible(&s, capacity, deadline);
+        if (st == XS_FOUND) {
+            memcpy(off, s.sol, c->n * sizeof *off);
+            best = plan_arena(c, off);
+        }
+        out->infeasible = st == XS_NONE;
         out->optimal = out->infeasible;
     } else {
-        /* Phase 1: a plan at the lower bound, with half the time. */
-        double now = plan_now();
-        s.cap = c->lower_bound;
-        s.deadline = now + (deadline - now) / 2;
-        dfs(&s, 0, 0, 0, 0);
-        if (s.best != UINT64_MAX) {
-            out->optimal = 1;
-        } else if (!s.oom) {
-            /* Phase 2: branch and bound below the seed. */
-            s.stop = s.timeout = 0;
-            s.deadline = deadline;
-            s.minimise = 1;
-            s.cap = seed_arena - 1;
-            dfs(&s, 0, 0, 0, 0);
-            out->optimal = !s.timeout && !s.oom;
+        /* Minimise: bisect the caps between the lowest one worth trying and the best plan,
+         * each probe with a third of the time left (the bound, tried first, a tenth: it prunes
+         * hardest and is met quickly or not at all). A probe that runs out of time moves the
+         * search up, unproven; every cap up to none_max is proven to have no plan. */
+        uint64_t try_lo = c->lower_bound, none_max = c->lower_bound - 1;
+        int first = 1;
+        while (try_lo < best && !s.oom) {
+            double now = plan_now();
+            if (now >= deadline)
+                break;
+            uint64_t mid = first ? try_lo : try_lo + (best - 1 - try_lo) / 2;
+            int st = feasible(&s, mid, now + (deadline - now) / (first ? 10 : 3));
+            first = 0;
+            if (st == XS_FOUND) {
+                memcpy(off, s.sol, c->n * sizeof *off);
+                best = plan_arena(c, off);
+            } else {
+                if (st == XS_NONE && mid > none_max)
+                    none_max = mid;
+                try_lo = mid + 1;
+            }
         }
+        out->optimal = none_max + 1 >= best;
     }
     out->nodes = s.nodes;
-    if (s.best != UINT64_MAX && s.best < seed_arena)
-        for (size_t i = 0; i < s.n; i++)
-            off[s.orig[i]] = s.best_pos[i];
-    else if (!seed)
-        rc = plan_naive(c, off);
     int oom = s.oom;
-    search_free(&s);
+    xs_free(&s);
+    if (best == UINT64_MAX)
+        return plan_naive(c, off);
     if (oom)
         return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
-    return rc;
+    return VMM_OK;
 }

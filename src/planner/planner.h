@@ -24,6 +24,7 @@ typedef struct plan_ctx {
     plan_item *items;
     uint64_t lower_bound;
     uint64_t *live;    /* live bytes per slot (lower bound = max) */
+    int64_t *time;     /* slots + 1 entries: the caller's time at each slot boundary */
     /* Back to the caller's buffers: buffer b sits at item_of[b]'s offset + rel[b]. */
     size_t nbuf;
     size_t *item_of;

@@ -171,7 +171,8 @@ int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n)
             times[u++] = times[i];
     c->slots = (uint32_t)(u > 1 ? u - 1 : 1);
     c->live = calloc((size_t)c->slots + 1, sizeof *c->live);
-    if (!c->live) {
+    c->time = malloc(((size_t)c->slots + 1) * sizeof *c->time);
+    if (!c->live || !c->time) {
         rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
         goto out;
     }
@@ -181,6 +182,7 @@ int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n)
         c->live[c->items[i].lo] += c->items[i].size;
         c->live[c->items[i].hi] -= c->items[i].size; /* wraps, undone by the prefix sum */
     }
+    memcpy(c->time, times, ((size_t)c->slots + 1) * sizeof *c->time);
     uint64_t cur = 0;
     for (uint32_t s = 0; s < c->slots; s++) {
         cur += c->live[s];
@@ -203,6 +205,7 @@ void plan_ctx_free(plan_ctx *c)
 {
     free(c->items);
     free(c->live);
+    free(c->time);
     free(c->item_of);
     free(c->rel);
     memset(c, 0, sizeof *c);
