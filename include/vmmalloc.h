@@ -180,6 +180,217 @@ VMM_API int vmm_check(vmm_allocator *a);
  * Returns the length or VMM_ERANGE when buf is too small. */
 VMM_API int vmm_config_string(vmm_allocator *a, char *buf, size_t len);
 
+/* ---- Pinned host memory (src/pinned.c) ---------------------------------------------------------
+ *
+ * A caching allocator for page-locked host memory (cuMemHostAlloc), the staging buffers of
+ * asynchronous copies. It hangs off a device allocator and uses its driver and streams; its state is
+ * created on first use and destroyed by vmm_destroy (which waits for pending frees, then returns
+ * every block to the driver). Blocks are rounded to a power of two (at least 512 bytes) and cached
+ * on one free list per size; a block is never split.
+ *
+ * Reuse is stream ordered through events: vmm_pinned_free records an event on the allocation stream
+ * and on every stream given to vmm_pinned_record_stream, and the block is handed out again only once
+ * all of them have completed (polled with event queries, never waited for). Unlike device memory, a
+ * pinned block is not reused at once even on its own stream: the host writes into a new block at
+ * once, while copies queued on the stream may still read the old contents.
+ *
+ * Needs a driver with host memory (cuda, sim); VMM_ENOTSUP otherwise.
+ */
+
+/* Allocate `size` bytes of page-locked host memory whose first use is on `stream`. size 0 sets *ptr
+ * to NULL and returns VMM_OK. Returns VMM_OK, VMM_EINVAL (ptr NULL, size too large), VMM_EHOSTMEM
+ * (the host cannot pin more, even after the cache was emptied), VMM_ENOTSUP, VMM_EDRIVER. */
+VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr);
+
+/* Free a block from vmm_pinned_malloc. It becomes reusable once the work queued so far on its
+ * streams has run. NULL is a no-op. Returns VMM_OK, VMM_EBADPTR (unknown, interior or already freed
+ * pointer), VMM_EDRIVER (an event could not be recorded: the block stays allocated). */
+VMM_API int vmm_pinned_free(vmm_allocator *a, void *ptr);
+
+/* Mark the block at ptr as used by `stream` too, so its reuse also waits for that stream's work
+ * queued before the free. Returns VMM_OK, VMM_EBADPTR, VMM_EHOSTMEM. */
+VMM_API int vmm_pinned_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream);
+
+/* Return every cached block whose events have completed to the driver (cuMemFreeHost, which
+ * synchronizes the device: call it rarely). Blocks still in use or pending stay. Returns VMM_OK or
+ * VMM_EDRIVER. */
+VMM_API int vmm_pinned_empty_cache(vmm_allocator *a);
+
+/* Bytes of the live pinned block at ptr (its power-of-two size class), 0 when ptr is not one. */
+VMM_API size_t vmm_pinned_usable_size(vmm_allocator *a, const void *ptr);
+
+typedef struct vmm_pinned_stats {
+    vmm_stat allocations;       /* blocks handed out */
+    vmm_stat allocated_bytes;   /* their size-class bytes */
+    vmm_stat requested_bytes;   /* bytes asked for */
+    vmm_stat reserved_bytes;    /* page-locked bytes held: handed out, pending and cached */
+    vmm_stat segments;          /* host allocations held (one per block) */
+    int64_t pending_blocks;     /* freed, waiting for their events */
+    int64_t cached_blocks;      /* free and reusable */
+    int64_t num_host_alloc;     /* cuMemHostAlloc calls that succeeded */
+    int64_t num_host_free;      /* cuMemFreeHost calls that succeeded */
+    int64_t num_reuses;         /* mallocs served from the cache */
+    int64_t num_event_waits;    /* blocking event waits (vmm_destroy only) */
+    int64_t num_events;         /* events created and not destroyed */
+} vmm_pinned_stats;
+
+/* Fill *out (all zero before the first pinned call). Returns VMM_OK or VMM_EINVAL. */
+VMM_API int vmm_pinned_get_stats(vmm_allocator *a, vmm_pinned_stats *out);
+
+/* Reset the pinned peaks to their current values (and the cumulative counters when `cumulative`). */
+VMM_API int vmm_pinned_reset_stats(vmm_allocator *a, int cumulative);
+
+/* The pinned stats as one flat JSON object, keys "pinned.<name>[.current|.peak|.allocated|.freed]".
+ * Returns the length, VMM_ERANGE when len is too small (truncated, terminated), VMM_EINVAL. */
+VMM_API int vmm_pinned_stats_json(vmm_allocator *a, char *buf, size_t len);
+
+/* ---- PyTorch pluggable allocator (src/pytorch.c) -----------------------------------------------
+ *
+ * vmm_torch_malloc / vmm_torch_free have the signatures torch.cuda.memory.CUDAPluggableAllocator
+ * loads from a shared library (size_t-sized sizes, a cudaStream_t):
+ *     torch.cuda.memory.change_current_allocator(torch.cuda.memory.CUDAPluggableAllocator(
+ *         "libvmmalloc.so", "vmm_torch_malloc", "vmm_torch_free"))
+ * before the first CUDA allocation (python/vmmalloc does this: vmmalloc.torch.install()). One
+ * allocator per device is created on first use from VMMALLOC_CONF, then the conf given to
+ * vmm_torch_configure, then "device:N" (the driver defaults to cuda).
+ *
+ * PyTorch reaches only malloc and free through that path; memory_stats, empty_cache,
+ * record_stream and the OOM text are reached through the vmm_torch_* helpers below, which the
+ * Python package calls with ctypes. Failures of these entry points are kept process wide (not per
+ * thread, since Python may ask from another thread than the one that allocated): see
+ * vmm_torch_last_error and vmm_torch_oom_report. Everything here is thread safe, except
+ * vmm_torch_shutdown.
+ */
+
+/* Most devices the pluggable allocator serves (device ordinals 0 .. VMM_TORCH_MAX_DEVICES-1). */
+enum { VMM_TORCH_MAX_DEVICES = 64 };
+
+/* Allocate on `device` for `stream` (a cudaStream_t). NULL when size is 0 or on failure: then
+ * vmm_torch_last_error() says why, and on out-of-memory vmm_torch_oom_report() holds the report. */
+VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream);
+
+/* Free a pointer from vmm_torch_malloc (size, device and stream as PyTorch passes them; the device
+ * is tried first, then every other). A bad pointer is reported on stderr and in vmm_torch_last_error. */
+VMM_API void vmm_torch_free(void *ptr, ptrdiff_t size, int device, void *stream);
+
+/* Set the conf ("key:value,...", NULL or "" for VMMALLOC_CONF alone) used for allocators created from
+ * now on. It is checked at once (with VMMALLOC_CONF): VMM_ECONFIG naming the key when bad. VMM_EINVAL
+ * when some device's allocator exists already (the conf would apply to only some devices). */
+VMM_API int vmm_torch_configure(const char *conf);
+
+/* The allocator of `device`, created if needed (for stats, vmm_sim_* calls in tests, ...). */
+VMM_API int vmm_torch_get_allocator(int device, vmm_allocator **out);
+
+/* vmm_stats_json of the device's allocator (created if needed). Returns the length or a status. */
+VMM_API int vmm_torch_stats_json(int device, char *buf, size_t len);
+
+/* vmm_empty_cache / vmm_reset_stats(a, 0) of one device's allocator, or of every existing one when
+ * device is -1. Returns VMM_OK or the first failure. */
+VMM_API int vmm_torch_empty_cache(int device);
+VMM_API int vmm_torch_reset_peaks(int device);
+
+/* vmm_record_stream on the allocator that owns ptr. VMM_EBADPTR when none does. */
+VMM_API int vmm_torch_record_stream(void *ptr, void *stream);
+
+/* Copy the last failure message of any vmm_torch_* call (any thread) / the last out-of-memory
+ * report into buf (NUL-terminated; "" when none). Return the full length of the text. */
+VMM_API int vmm_torch_last_error(char *buf, size_t len);
+VMM_API int vmm_torch_oom_report(char *buf, size_t len);
+
+/* Destroy every device's allocator and forget the conf and messages (for tests and orderly exits;
+ * no other vmm_torch_* call may run meanwhile, and pointers still live are reported and lost). */
+VMM_API void vmm_torch_shutdown(void);
+
+/* ---- History, snapshots and fused buffers (src/history.c, src/snapshot.c, src/group.c) ----------
+ *
+ * History: a ring of the allocator's last events (what PyTorch calls the trace), kept while
+ * vmm_record_history is on. Each entry has an action, an address, a size, a stream and a time in
+ * microseconds since vmm_create (monotonic clock). When the ring is full the oldest entry goes.
+ * Recording costs one branch per event while off, a copy of 40 bytes while on.
+ *
+ * Snapshot: vmm_snapshot_pickle writes the allocator's segments and blocks with their states, and
+ * the history, in the format of PyTorch's torch.cuda.memory._snapshot() pickled by
+ * _dump_snapshot(), so pytorch.org/memory_viz, torch.cuda._memory_viz and tools/vmm_viz.py
+ * (vmm-viz) draw it. docs/snapshots.md describes the format and its mapping of vmmalloc's state.
+ *
+ * Fused buffers: vmm_malloc_group places n buffers side by side in one block (a gradient bucket,
+ * a broadcast of all weights), freed together.
+ */
+
+/* Trace actions, named as in PyTorch's snapshot (vmm_trace_action_name). */
+typedef enum vmm_trace_action {
+    VMM_TRACE_ALLOC = 0,          /* a block handed out: addr, rounded size */
+    VMM_TRACE_FREE_REQUESTED = 1, /* vmm_free called on it */
+    VMM_TRACE_FREE_COMPLETED = 2, /* it is back in its pool (after the events of other streams) */
+    VMM_TRACE_SEGMENT_ALLOC = 3,  /* classic segment allocated (cuMemAlloc) */
+    VMM_TRACE_SEGMENT_FREE = 4,   /* classic segment freed */
+    VMM_TRACE_SEGMENT_MAP = 5,    /* expandable segment: pages mapped at [addr, addr + size) */
+    VMM_TRACE_SEGMENT_UNMAP = 6,  /* expandable segment: pages unmapped */
+    VMM_TRACE_OOM = 7,            /* out of memory: size requested, addr = device bytes free */
+    VMM_TRACE_ACTION_COUNT = 8
+} vmm_trace_action;
+
+typedef struct vmm_trace_entry {
+    int action;               /* vmm_trace_action */
+    uintptr_t addr;
+    size_t size;
+    vmm_stream stream;
+    uint64_t time_us;         /* since vmm_create */
+} vmm_trace_entry;
+
+/* PyTorch's name of a trace action ("alloc", "free_requested", "segment_map", ...); "unknown" for a
+ * value out of range. Static string, thread safe. */
+VMM_API const char *vmm_trace_action_name(int action);
+
+/* Keep the last max_entries events from now on (0 stops recording and drops the ring). Changing the
+ * size keeps the newest entries that fit. Returns VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
+VMM_API int vmm_record_history(vmm_allocator *a, size_t max_entries);
+
+/* Copy the newest min(max, held) entries of the ring, oldest first, into out (out may be NULL
+ * when max is 0).
+ * Returns the number of entries the ring holds (which may exceed max), or a negative status. */
+VMM_API int64_t vmm_history_get(vmm_allocator *a, vmm_trace_entry *out, size_t max);
+
+/* Write the ring as CSV, header "action,addr,size,stream,time_us", addresses and streams in hex
+ * (0x...), one line per event, oldest first (vmm-viz reads it). Returns VMM_OK, VMM_EINVAL (NULL
+ * argument, or the file cannot be written: the message names the path and the reason),
+ * VMM_EHOSTMEM. */
+VMM_API int vmm_history_csv(vmm_allocator *a, const char *path);
+
+/*
+ * Write a snapshot of a to `path` as a pickle (protocol 2) of PyTorch's snapshot dict:
+ *   segments: one per mapped range of an expandable segment (as PyTorch reports expandable
+ *     segments) or per classic segment, with device, address, total_size, allocated_size,
+ *     active_size, requested_size, stream, segment_type ("small" / "large"), segment_pool_id (0, 0),
+ *     is_expandable, frames [] and blocks [{address, size, requested_size, state
+ *     ("active_allocated" / "active_pending_free" / "inactive"), frames []}]; a fused block has
+ *     "parts" [{offset, size}] too, and a frame naming it;
+ *   device_traces: one list per device ordinal up to this one, the history as
+ *     {action, addr, size, stream, time_us, frames []} (empty lists when history is off; an
+ *     "oom" entry has device_free too, equal to addr);
+ *   allocator_settings: {"PYTORCH_CUDA_ALLOC_CONF": the config string, "expandable_segments",
+ *     "max_split_size", "garbage_collection_threshold", "allocator": "vmmalloc"};
+ *   external_annotations: [].
+ * The state is copied under the allocator's lock, the file written after. Returns VMM_OK,
+ * VMM_EINVAL (NULL argument, file cannot be written: the message names the path and the reason),
+ * VMM_EHOSTMEM.
+ */
+VMM_API int vmm_snapshot_pickle(vmm_allocator *a, const char *path);
+
+/* Alignment of each buffer of a fused group, bytes (PyTorch's block granularity). */
+enum { VMM_GROUP_ALIGN = 512 };
+
+/*
+ * Allocate n buffers of sizes[0..n-1] bytes side by side in one block usable on `stream`: ptrs[i]
+ * is the first byte of buffer i, each aligned to VMM_GROUP_ALIGN, in order, with at most
+ * VMM_GROUP_ALIGN - 1 bytes of padding after each. The block counts as one allocation in the stats
+ * and shows as one block with its parts in snapshots. Free it with vmm_free(a, ptrs[0]); vmm_free
+ * of another member gives VMM_EBADPTR. Returns VMM_OK, VMM_EINVAL (NULL argument, n == 0, a size
+ * of 0, total too large), VMM_ENOMEM, VMM_EHOSTMEM, VMM_EDRIVER; on failure every ptrs[i] is NULL.
+ */
+VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vmm_stream stream,
+                             void **ptrs);
+
 #ifdef __cplusplus
 }
 #endif

@@ -126,6 +126,7 @@ struct vmm_block {
     vmm_event *events;         /* pending: one event per used stream */
     uint32_t n_events, cap_events;
     vmm_block *dprev, *dnext;  /* deferred list links */
+    struct vmm_group *group;   /* fused buffers of vmm_malloc_group (group.c); NULL otherwise */
 };
 
 struct vmm_segment {
@@ -164,7 +165,7 @@ typedef struct vmm_free_handle {
 } vmm_free_handle;
 
 struct vmm_allocator {
-    pthread_mutex_t lock;
+    _Atomic int lock;                  /* vmm_lock: 0 free, 1 held, 2 held with sleepers */
     vmm_config cfg;
     vmm_driver *drv;
     vmm_meta *meta;
@@ -193,16 +194,52 @@ struct vmm_allocator {
     vmm_block *block_cache;            /* recycled block records (linked through ->next) */
     size_t n_block_cache;
     uint64_t malloc_count;
+    size_t reserved_hwm;               /* most reserved bytes so far (expandable growth policy) */
     vmm_stats stats;
     struct vmm_pinned *pinned;         /* pinned host memory cache (pinned.c), made on first use */
+    struct vmm_history *history;       /* event ring (history.c); NULL while not recording */
+    uint64_t t0_ns;                    /* monotonic clock at vmm_create (trace times count from it) */
 };
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
 
-/* Add delta to st[ALL] and st[pool + 1] (current, peak, allocated / freed). */
-void vmm_stat_update(vmm_stat *st, int pool, int64_t delta);
-/* Same for a single counter. */
-void vmm_stat_add(vmm_stat *s, int64_t delta);
+/* Add delta to a single counter (current, peak, allocated / freed). Inline: the malloc / free
+ * path makes about 20 of these per pair, a call each cost more than the update. */
+static inline void vmm_stat_add(vmm_stat *s, int64_t d)
+{
+    s->current += d;
+    if (d > 0) {
+        s->allocated += d;
+        if (s->current > s->peak)
+            s->peak = s->current;
+    } else {
+        s->freed -= d;
+    }
+}
+/* Add delta to st[ALL] and st[pool + 1]. */
+static inline void vmm_stat_update(vmm_stat *st, int pool, int64_t d)
+{
+    vmm_stat_add(&st[VMM_POOL_ALL], d);
+    vmm_stat_add(&st[pool + 1], d);
+}
+/* The same with the sign known (d >= 0): no branch on it. */
+static inline void vmm_stat_up(vmm_stat *st, int pool, int64_t d)
+{
+    for (int i = 0; i < 2; i++) {
+        vmm_stat *s = &st[i ? pool + 1 : VMM_POOL_ALL];
+        s->current += d;
+        s->allocated += d;
+        if (s->current > s->peak)
+            s->peak = s->current;
+    }
+}
+static inline void vmm_stat_down(vmm_stat *st, int pool, int64_t d)
+{
+    st[VMM_POOL_ALL].current -= d;
+    st[VMM_POOL_ALL].freed += d;
+    st[pool + 1].current -= d;
+    st[pool + 1].freed += d;
+}
 
 /* ---- pool.c ------------------------------------------------------------------------------- */
 
@@ -232,9 +269,11 @@ void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size);
 /* Merge b (not in an index, FREE or UNMAPPED) with neighbours of the same state; returns the result
  * (not indexed). */
 vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b);
-/* Take a block out of the free index for an allocation of `size` (rounded), split if the rules say
- * so, mark it allocated and live, update stats. */
-int vmm_pool_take(vmm_allocator *a, vmm_block *b, size_t size, size_t requested);
+/* Take *b out of the free index for an allocation of `size` (rounded), split if the rules say so,
+ * mark it allocated and live, update stats. `fitted`: *b is vmm_pool_best_fit's answer for `size`,
+ * which lets a split leave the remainder in *b's index slot; *b is then a new record (the
+ * allocated one). */
+int vmm_pool_take(vmm_allocator *a, vmm_block **b, size_t size, size_t requested, int fitted);
 /* Return an allocated / pending block to its pool (merge, index, stats). */
 void vmm_pool_release(vmm_allocator *a, vmm_block *b);
 /* Live table. */
@@ -298,6 +337,34 @@ size_t vmm_handles_bytes(const vmm_allocator *a, int pool);
 /* Wait for pending pinned frees, return every pinned block and event to the driver, free the
  * state; called by vmm_destroy before the driver closes. No-op when pinned memory was never used. */
 void vmm_pinned_destroy(vmm_allocator *a);
+
+/* ---- history.c ---------------------------------------------------------------------------- */
+
+/* Append an event (VMM_TRACE_*) to the ring; caller holds the lock. Use VMM_HISTORY, whose cost
+ * while history is off is one predictable branch. */
+void vmm_history_add(vmm_allocator *a, int action, uintptr_t addr, size_t size, vmm_stream s);
+#define VMM_HISTORY(a, action, addr, size, stream)                                            \
+    do {                                                                                      \
+        if (VMM_UNLIKELY((a)->history != NULL))                                               \
+            vmm_history_add((a), (action), (uintptr_t)(addr), (size_t)(size), (stream));      \
+    } while (0)
+/* Monotonic clock in nanoseconds (trace times). */
+uint64_t vmm_history_now_ns(void);
+/* Copy the ring, oldest first, into a new array of *n entries from vmm_meta_alloc (*out NULL when
+ * empty); the caller frees it. VMM_OK or VMM_EHOSTMEM. */
+int vmm_history_copy(vmm_allocator *a, vmm_trace_entry **out, size_t *n);
+/* Free the ring (vmm_destroy). */
+void vmm_history_destroy(vmm_allocator *a);
+
+/* ---- group.c ------------------------------------------------------------------------------ */
+
+/* Forget the fused-buffer record of block b (vmm_free of its head; caller holds the lock). */
+void vmm_group_drop(vmm_allocator *a, vmm_block *b);
+/* Free the records of groups still live (vmm_destroy, before the live table goes). */
+void vmm_group_destroy_all(vmm_allocator *a);
+/* Members of b's group: their count, and the offset and size of member i. */
+size_t vmm_group_parts(const vmm_block *b);
+void vmm_group_part(const vmm_block *b, size_t i, size_t *offset, size_t *size);
 
 /* ---- alloc.c ------------------------------------------------------------------------------ */
 

@@ -240,8 +240,8 @@ void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
     vmm_tree_insert(&a->free_tree[pool], b);
     a->n_free_blocks++;
     if (is_split(b)) {
-        vmm_stat_update(a->stats.inactive_split, pool, 1);
-        vmm_stat_update(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_stat_up(a->stats.inactive_split, pool, 1);
+        vmm_stat_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
     }
 }
 
@@ -257,8 +257,8 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
     vmm_tree_erase(&a->free_tree[pool], b);
     a->n_free_blocks--;
     if (is_split(b)) {
-        vmm_stat_update(a->stats.inactive_split, pool, -1);
-        vmm_stat_update(a->stats.inactive_split_bytes, pool, -(int64_t)b->size);
+        vmm_stat_down(a->stats.inactive_split, pool, 1);
+        vmm_stat_down(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
     }
 }
 
@@ -339,16 +339,56 @@ static int should_split(const vmm_allocator *a, const vmm_block *b, size_t size)
     return size < a->cfg.max_split_size && rem > SMALL_SIZE;
 }
 
-int vmm_pool_take(vmm_allocator *a, vmm_block *b, size_t size, size_t requested)
+/* Allocation carved from the front of free block b, which stays indexed in its slot with the
+ * remainder's key. Valid when b is the lower bound of (stream, size, 0) and the remainder is not
+ * smaller than `size`: the remainder's key then still lies above (stream, size, 0), so no other key
+ * falls between its old and new key. Stats as erasing b and inserting the remainder would do. */
+static vmm_block *carve_front(vmm_allocator *a, vmm_block *b, size_t size)
 {
-    if (a->live_n + 1 > a->live_cap / 2) {
+    vmm_block *f = vmm_block_new(a);
+    if (VMM_UNLIKELY(!f))
+        return NULL;
+    int pool = b->seg->pool;
+    if (is_split(b)) {
+        vmm_stat_down(a->stats.inactive_split, pool, 1);
+        vmm_stat_down(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+    }
+    f->addr = b->addr;
+    f->size = size;
+    f->seg = b->seg;
+    f->free_seq = b->free_seq;
+    f->gc_stamp = b->gc_stamp;
+    f->prev = b->prev;
+    f->next = b;
+    if (b->prev)
+        b->prev->next = f;
+    else
+        b->seg->first = f;
+    b->prev = f;
+    b->addr += size;
+    b->size -= size;
+    vmm_stat_up(a->stats.inactive_split, pool, 1);
+    vmm_stat_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+    return f;
+}
+
+int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requested, int fitted)
+{
+    vmm_block *b = *bp;
+    if (VMM_UNLIKELY(a->live_n + 1 > a->live_cap / 2)) {
         /* grow first so the insert below cannot fail after the block changed */
         int rc = vmm_live_insert(a, NULL);
         if (rc)
             return rc;
     }
-    vmm_pool_erase(a, b);
-    if (should_split(a, b, size)) {
+    if (!should_split(a, b, size)) {
+        vmm_pool_erase(a, b);
+    } else if (fitted && b->size - size >= size) {
+        b = carve_front(a, b, size);
+        if (!b)
+            return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for a block record");
+    } else {
+        vmm_pool_erase(a, b);
         vmm_block *rem = vmm_block_split(a, b, size);
         if (!rem) {
             vmm_pool_insert(a, b);
@@ -360,24 +400,70 @@ int vmm_pool_take(vmm_allocator *a, vmm_block *b, size_t size, size_t requested)
     b->state = VMM_BLOCK_ALLOCATED;
     b->requested = requested;
     vmm_live_insert(a, b);
-    vmm_stat_update(a->stats.allocation, pool, 1);
-    vmm_stat_update(a->stats.allocated_bytes, pool, (int64_t)b->size);
-    vmm_stat_update(a->stats.requested_bytes, pool, (int64_t)requested);
-    vmm_stat_update(a->stats.active, pool, 1);
-    vmm_stat_update(a->stats.active_bytes, pool, (int64_t)b->size);
+    vmm_stat_up(a->stats.allocation, pool, 1);
+    vmm_stat_up(a->stats.allocated_bytes, pool, (int64_t)b->size);
+    vmm_stat_up(a->stats.requested_bytes, pool, (int64_t)requested);
+    vmm_stat_up(a->stats.active, pool, 1);
+    vmm_stat_up(a->stats.active_bytes, pool, (int64_t)b->size);
     if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
         vmm_stat_add(&a->stats.oversize_allocations, 1);
+    *bp = b;
     return VMM_OK;
+}
+
+/* Merge b (just freed, not indexed) into its one free neighbour `keep` (indexed), which stays in
+ * its index slot with the merged key. Valid when no indexed key lies between keep's old key and the
+ * merged one (which is larger: same stream, larger size); checked against keep's successor. Returns
+ * 0 (nothing changed) when it would not be. Stats as erasing keep and inserting the merged block. */
+static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
+{
+    int pool = b->seg->pool;
+    size_t size = b->size + keep->size;
+    uintptr_t addr = b->addr < keep->addr ? b->addr : keep->addr;
+    const vmm_block *succ = vmm_tree_next(a->free_tree[pool], keep);
+    if (succ && key_cmp(b->seg->stream, size, addr, succ) >= 0)
+        return 0;
+    vmm_stat_down(a->stats.inactive_split, pool, 1);
+    vmm_stat_down(a->stats.inactive_split_bytes, pool, (int64_t)keep->size);
+    if (keep == b->next) {
+        keep->addr = b->addr;
+        keep->prev = b->prev;
+        if (b->prev)
+            b->prev->next = keep;
+        else
+            b->seg->first = keep;
+    } else {
+        keep->next = b->next;
+        if (b->next)
+            b->next->prev = keep;
+    }
+    keep->size = size;
+    if (b->free_seq > keep->free_seq)
+        keep->free_seq = b->free_seq;
+    if (b->gc_stamp > keep->gc_stamp)
+        keep->gc_stamp = b->gc_stamp;
+    if (is_split(keep)) {
+        vmm_stat_up(a->stats.inactive_split, pool, 1);
+        vmm_stat_up(a->stats.inactive_split_bytes, pool, (int64_t)keep->size);
+    }
+    vmm_block_delete(a, b);
+    return 1;
 }
 
 void vmm_pool_release(vmm_allocator *a, vmm_block *b)
 {
+    VMM_HISTORY(a, VMM_TRACE_FREE_COMPLETED, b->addr, b->size, b->seg->stream);
     int pool = b->seg->pool;
-    vmm_stat_update(a->stats.active, pool, -1);
-    vmm_stat_update(a->stats.active_bytes, pool, -(int64_t)b->size);
+    vmm_stat_down(a->stats.active, pool, 1);
+    vmm_stat_down(a->stats.active_bytes, pool, (int64_t)b->size);
     b->state = VMM_BLOCK_FREE;
     b->n_uses = 0;
     b->gc_stamp = a->malloc_count;
+    /* one free neighbour (the common case): grow it where it sits in the index */
+    vmm_block *n = b->next, *p = b->prev;
+    int n_free = n && n->state == VMM_BLOCK_FREE, p_free = p && p->state == VMM_BLOCK_FREE;
+    if (n_free != p_free && merge_in_place(a, b, n_free ? n : p))
+        return;
     b = vmm_block_merge(a, b);
     vmm_pool_insert(a, b);
 }

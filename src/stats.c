@@ -4,23 +4,7 @@
 
 #include "internal.h"
 
-void vmm_stat_add(vmm_stat *s, int64_t d)
-{
-    s->current += d;
-    if (d > 0) {
-        s->allocated += d;
-        if (s->current > s->peak)
-            s->peak = s->current;
-    } else {
-        s->freed -= d;
-    }
-}
-
-void vmm_stat_update(vmm_stat *st, int pool, int64_t d)
-{
-    vmm_stat_add(&st[VMM_POOL_ALL], d);
-    vmm_stat_add(&st[pool + 1], d);
-}
+/* vmm_stat_add / vmm_stat_update are inline in internal.h (hot path). */
 
 static void fill_stats(vmm_allocator *a, vmm_stats *out)
 {

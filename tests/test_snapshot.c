@@ -1,0 +1,213 @@
+// ctest-labels: unit
+/* Snapshot pickles: an allocator with live, pending, free and fused blocks and a recorded history
+ * (expandable segments, then classic ones) is written with vmm_snapshot_pickle, and
+ * tests/snapshot_check.py reads it back with a restricted unpickler and checks it against what
+ * this program knows: keys, block states and sizes, segment sums against the stats, the trace
+ * against vmm_history_csv. Needs python3 (skips with 77 without it). */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "vmmalloc.h"
+#include "vmmalloc_sim.h"
+
+#define MiB ((size_t)1 << 20)
+
+typedef struct gate {
+    atomic_int open;
+} gate;
+
+static void wait_gate(void *arg)
+{
+    gate *g = arg;
+    while (!atomic_load(&g->open))
+        vmm_test_sleep_ms(1);
+}
+
+static char live_txt[8192], pending_txt[4096], groups_txt[4096];
+
+static void add_live(vmm_allocator *a, void *p, size_t requested)
+{
+    size_t n = strlen(live_txt);
+    snprintf(live_txt + n, sizeof live_txt - n, "%s[%llu,%zu,%zu]", n ? "," : "",
+             (unsigned long long)(uintptr_t)p, vmm_usable_size(a, p), requested);
+}
+
+static void add_pending(void *p, size_t size)
+{
+    size_t n = strlen(pending_txt);
+    snprintf(pending_txt + n, sizeof pending_txt - n, "%s[%llu,%zu]", n ? "," : "",
+             (unsigned long long)(uintptr_t)p, size);
+}
+
+static void add_group(void **ptrs, const size_t *sizes, size_t k)
+{
+    size_t n = strlen(groups_txt);
+    n += (size_t)snprintf(groups_txt + n, sizeof groups_txt - n, "%s[%llu,[", n ? "," : "",
+                          (unsigned long long)(uintptr_t)ptrs[0]);
+    for (size_t i = 0; i < k; i++)
+        n += (size_t)snprintf(groups_txt + n, sizeof groups_txt - n, "%s[%llu,%zu]", i ? "," : "",
+                              (unsigned long long)((uintptr_t)ptrs[i] - (uintptr_t)ptrs[0]), sizes[i]);
+    snprintf(groups_txt + n, sizeof groups_txt - n, "]]");
+}
+
+static int run_checker(const char *python, vmm_allocator *a, int expandable, const char *tag,
+                       const char *actions)
+{
+    char snap[256], exp[256], csvp[256], cmd[2048];
+    snprintf(snap, sizeof snap, "/tmp/vmm_snap_%d_%s.pickle", (int)getpid(), tag);
+    snprintf(exp, sizeof exp, "/tmp/vmm_snap_%d_%s.json", (int)getpid(), tag);
+    snprintf(csvp, sizeof csvp, "/tmp/vmm_snap_%d_%s.csv", (int)getpid(), tag);
+    CHECK_OK(vmm_snapshot_pickle(a, snap));
+    CHECK_OK(vmm_history_csv(a, csvp));
+    vmm_stats st;
+    CHECK_OK(vmm_get_stats(a, &st));
+    int64_t trace_len = vmm_history_get(a, NULL, 0);
+    FILE *f = fopen(exp, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return 1;
+    fprintf(f, "{\"device\": 0, \"expandable\": %s, \"page_size_min\": %zu,\n", expandable ? "true" : "false",
+            2 * MiB);
+    fprintf(f, " \"segment_bytes\": %lld, \"allocated_bytes\": %lld, \"active_bytes\": %lld,\n",
+            (long long)(expandable ? st.mapped_bytes[0].current : st.reserved_bytes[0].current),
+            (long long)st.allocated_bytes[0].current, (long long)st.active_bytes[0].current);
+    fprintf(f, " \"trace_len\": %lld, \"trace_actions\": [%s],\n", (long long)trace_len, actions);
+    fprintf(f, " \"live\": [%s],\n \"pending\": [%s],\n \"groups\": [%s]}\n", live_txt, pending_txt,
+            groups_txt);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s %s %s %s %s", python, vmm_test_source_path("tests/snapshot_check.py"),
+             snap, exp, csvp);
+    int rc = system(cmd);
+    CHECK_EQ(rc, 0);
+    if (rc == 0) {
+        unlink(snap);
+        unlink(exp);
+        unlink(csvp);
+    } else {
+        fprintf(stderr, "kept %s %s %s\n", snap, exp, csvp);
+    }
+    live_txt[0] = pending_txt[0] = groups_txt[0] = '\0';
+    return rc;
+}
+
+static void expandable_snapshot(const char *python)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create("driver:sim,sim_capacity:1G", &a));
+    if (!a)
+        return;
+    /* a snapshot without history has empty traces */
+    void *p0 = NULL;
+    CHECK_OK(vmm_malloc(a, 1 * MiB, NULL, &p0));
+    add_live(a, p0, 1 * MiB);
+    CHECK_EQ(run_checker(python, a, 1, "nohist", ""), 0);
+    add_live(a, p0, 1 * MiB);
+
+    CHECK_OK(vmm_record_history(a, 10000));
+    vmm_stream s1 = NULL, s2 = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s1));
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    void *p[12];
+    size_t sz[12];
+    for (int i = 0; i < 12; i++) {
+        sz[i] = (i % 3 == 0) ? (size_t)(i + 1) * 700 * 1024 + 123 : (size_t)(i + 1) * 5000;
+        CHECK_OK(vmm_malloc(a, sz[i], i % 2 ? s1 : s2, &p[i]));
+    }
+    /* free every third: inactive blocks between live ones */
+    for (int i = 0; i < 12; i++) {
+        if (i % 3 == 1)
+            CHECK_OK(vmm_free(a, p[i]));
+        else if (i != 5)
+            add_live(a, p[i], sz[i]);
+    }
+    /* p[5] (on s1) used by a kernel on s2 that waits: pending while the snapshot is taken */
+    gate g = {0};
+    CHECK_OK(vmm_record_stream(a, p[5], s2));
+    CHECK_OK(vmm_sim_launch(a, s2, wait_gate, &g));
+    size_t pend_size = vmm_usable_size(a, p[5]);
+    CHECK_OK(vmm_free(a, p[5]));
+    add_pending(p[5], pend_size);
+    /* fused buffers */
+    size_t gs[4] = {3000, 100, 1 * MiB, 9000};
+    void *gp[4];
+    CHECK_OK(vmm_malloc_group(a, gs, 4, s1, gp));
+    add_live(a, gp[0], (size_t)((uintptr_t)gp[3] - (uintptr_t)gp[0]) + gs[3]);
+    add_group(gp, gs, 4);
+    /* an unmapped range between mapped ones: a big block freed and its pages reclaimed */
+    void *big = NULL, *after = NULL;
+    CHECK_OK(vmm_malloc(a, 40 * MiB, s1, &big));
+    CHECK_OK(vmm_malloc(a, 6 * MiB, s1, &after));
+    add_live(a, after, 6 * MiB);
+    CHECK_OK(vmm_free(a, big));
+    CHECK_OK(vmm_empty_cache(a));
+    void *huge = NULL;
+    CHECK_EQ(vmm_malloc(a, 2000 * MiB, s1, &huge), VMM_ENOMEM);
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(run_checker(python, a, 1, "exp",
+                         "\"alloc\",\"free_requested\",\"free_completed\",\"segment_map\","
+                         "\"segment_unmap\",\"oom\""),
+             0);
+    atomic_store(&g.open, 1);
+    CHECK_OK(vmm_sim_synchronize(a));
+    vmm_destroy(a);
+}
+
+static void classic_snapshot(const char *python)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create("driver:sim,sim_capacity:1G,expandable_segments:false", &a));
+    if (!a)
+        return;
+    CHECK_OK(vmm_record_history(a, 10000));
+    void *p[6];
+    for (int i = 0; i < 6; i++) {
+        size_t s = (size_t)(i + 1) * 300 * 1024;
+        CHECK_OK(vmm_malloc(a, s, NULL, &p[i]));
+        if (i % 2)
+            CHECK_OK(vmm_free(a, p[i]));
+        else
+            add_live(a, p[i], s);
+    }
+    void *x = NULL;
+    CHECK_OK(vmm_malloc(a, 30 * MiB, NULL, &x));
+    CHECK_OK(vmm_free(a, x));
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_EQ(run_checker(python, a, 0, "classic",
+                         "\"alloc\",\"free_requested\",\"free_completed\",\"segment_alloc\","
+                         "\"segment_free\""),
+             0);
+    CHECK_EQ(vmm_snapshot_pickle(a, "/nonexistent-dir/s.pickle"), VMM_EINVAL);
+    CHECK(strstr(vmm_last_error(), "/nonexistent-dir/s.pickle") != NULL);
+    CHECK_EQ(vmm_snapshot_pickle(NULL, "/tmp/x"), VMM_EINVAL);
+    CHECK_EQ(vmm_snapshot_pickle(a, NULL), VMM_EINVAL);
+    vmm_destroy(a);
+}
+
+/* $VMM_PYTHON, else the system's python3 (a version manager's shim on PATH can take seconds to
+ * start), else python3 from PATH; NULL when there is none. */
+static const char *find_python(void)
+{
+    const char *env = getenv("VMM_PYTHON");
+    if (env && *env)
+        return env;
+    if (access("/usr/bin/python3", X_OK) == 0)
+        return "/usr/bin/python3";
+    return system("command -v python3 >/dev/null 2>&1") == 0 ? "python3" : NULL;
+}
+
+int main(void)
+{
+    const char *python = find_python();
+    if (!python) {
+        fprintf(stderr, "test_snapshot: python3 is not installed: skipped\n");
+        return 77;
+    }
+    expandable_snapshot(python);
+    classic_snapshot(python);
+    TEST_DONE();
+}
