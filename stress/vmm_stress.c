@@ -585,7 +585,10 @@ static uint64_t total_failures(run_t *R)
 }
 
 /* An OOM: retry with every other thread outside the allocator, then decide whether live memory
- * really left no room. Called without oom_lock held. Returns the retried pointer or NULL. */
+ * really left no room. Called without oom_lock held. Returns the retried pointer with oom_lock
+ * still held (for writing), so that the caller enters it in the shadow before any other thread
+ * can classify an OOM: released in between, another thread's classification would see the
+ * allocator hold a block the shadow lacks. Returns NULL (lock released) on failure. */
 static void *classify_oom(run_t *R, size_t size, int stream)
 {
     pthread_rwlock_wrlock(&R->oom_lock);
@@ -594,7 +597,6 @@ static void *classify_oom(run_t *R, size_t size, int stream)
     int rc = vmm_malloc(R->a, size, R->streams[stream], &p);
     if (rc == VMM_OK) {
         atomic_fetch_add(&R->c.oom_retry_ok, 1);
-        pthread_rwlock_unlock(&R->oom_lock);
         return p;
     }
     char err[512];
@@ -641,10 +643,9 @@ static void do_malloc(run_t *R, thread_state *t, size_t size, int huge, int s)
     int rc = vmm_malloc(R->a, size, R->streams[s], &p);
     if (rc != VMM_OK) {
         pthread_rwlock_unlock(&R->oom_lock);
-        p = classify_oom(R, size, s);
+        p = classify_oom(R, size, s); /* on success oom_lock stays held until shadow_insert */
         if (!p)
             return;
-        pthread_rwlock_rdlock(&R->oom_lock);
     }
     atomic_fetch_add(&R->c.mallocs, 1);
     block *b = calloc(1, sizeof *b);
