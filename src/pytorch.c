@@ -2,7 +2,7 @@
  * The PyTorch pluggable allocator: vmm_torch_malloc / vmm_torch_free with the signatures
  * torch.cuda.memory.CUDAPluggableAllocator loads, one vmm_allocator per device created on first
  * use, and the helpers python/vmmalloc calls with ctypes for what the pluggable path cannot reach
- * (stats, empty_cache, record_stream, the OOM report).
+ * (stats, empty_cache, record_stream, the OOM report, history and snapshots).
  *
  * The per-device table is read without a lock on the malloc path (an acquire load of a pointer
  * written once under the table mutex); creation, the conf and the kept messages are under that
@@ -211,6 +211,24 @@ VMM_API int vmm_torch_record_stream(void *ptr, void *stream)
     }
     return keep_error(vmm_fail(VMM_EBADPTR, "vmm_torch_record_stream: %p is not a live block of any "
                                             "device's allocator", ptr));
+}
+
+VMM_API int vmm_torch_snapshot(int device, const char *path)
+{
+    vmm_allocator *a = NULL;
+    int rc = get_allocator(device, &a, "vmm_torch_snapshot");
+    if (rc == VMM_OK && (rc = vmm_snapshot_pickle(a, path)) != VMM_OK)
+        keep_error(rc);
+    return rc;
+}
+
+VMM_API int vmm_torch_record_history(int device, size_t max_entries)
+{
+    vmm_allocator *a = NULL;
+    int rc = get_allocator(device, &a, "vmm_torch_record_history");
+    if (rc == VMM_OK && (rc = vmm_record_history(a, max_entries)) != VMM_OK)
+        keep_error(rc);
+    return rc;
 }
 
 static int copy_out(const char *src, char *buf, size_t len)

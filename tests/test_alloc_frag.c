@@ -11,21 +11,6 @@
 #define MiB ((size_t)1 << 20)
 enum { N = 150 };
 
-static void fill(char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 65536)
-        p[i] = (char)(seed + i / 65536);
-    p[n - 1] = (char)seed;
-}
-
-static int intact(const char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 65536)
-        if (p[i] != (char)(seed + i / 65536))
-            return 0;
-    return p[n - 1] == (char)seed;
-}
-
 /* 150 x 6 MiB, free two of every three, then ask for 600 MiB on a 1 GiB device. */
 static int run(const char *conf, vmm_stats *st)
 {
@@ -36,7 +21,7 @@ static int run(const char *conf, vmm_stats *st)
     char *p[N];
     for (int i = 0; i < N; i++) {
         CHECK_OK(vmm_malloc(a, 6 * MiB, NULL, (void **)&p[i]));
-        fill(p[i], 6 * MiB, (unsigned)i);
+        vmm_test_fill(p[i], 6 * MiB, (unsigned)i, 65536);
     }
     for (int i = 0; i < N; i++)
         if (i % 3 != 1) {
@@ -57,7 +42,7 @@ static int run(const char *conf, vmm_stats *st)
     }
     for (int i = 0; i < N; i++)
         if (p[i]) {
-            CHECK(intact(p[i], 6 * MiB, (unsigned)i));
+            CHECK(vmm_test_intact(p[i], 6 * MiB, (unsigned)i, 65536));
             CHECK_OK(vmm_free(a, p[i]));
         }
     CHECK_OK(vmm_check(a));

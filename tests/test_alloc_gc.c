@@ -13,20 +13,6 @@
 #define MiB ((size_t)1 << 20)
 enum { N = 35, BLOCK_MIB = 10 };
 
-static void fill(char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 65536)
-        p[i] = (char)(seed + i / 65536);
-}
-
-static int intact(const char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 65536)
-        if (p[i] != (char)(seed + i / 65536))
-            return 0;
-    return 1;
-}
-
 /* 35 x 10 MiB, free every other one (18 holes), then ask for 20 MiB: no hole fits it. */
 static void run(const char *conf, vmm_stats *before, vmm_stats *after)
 {
@@ -40,7 +26,7 @@ static void run(const char *conf, vmm_stats *before, vmm_stats *after)
         CHECK_OK(vmm_malloc(a, BLOCK_MIB * MiB, NULL, (void **)&p[i]));
         CHECK_OK(vmm_check(a));
         if (p[i])
-            fill(p[i], BLOCK_MIB * MiB, (unsigned)i);
+            vmm_test_fill(p[i], BLOCK_MIB * MiB, (unsigned)i, 65536);
     }
     for (int i = 0; i < N; i += 2) {
         CHECK_OK(vmm_free(a, p[i]));
@@ -53,13 +39,13 @@ static void run(const char *conf, vmm_stats *before, vmm_stats *after)
     CHECK_OK(vmm_check(a));
     CHECK_OK(vmm_get_stats(a, after));
     if (big)
-        fill(big, 20 * MiB, 77);
+        vmm_test_fill(big, 20 * MiB, 77, 65536);
     for (int i = 1; i < N; i += 2) {
-        CHECK(intact(p[i], BLOCK_MIB * MiB, (unsigned)i));
+        CHECK(vmm_test_intact(p[i], BLOCK_MIB * MiB, (unsigned)i, 65536));
         CHECK_OK(vmm_free(a, p[i]));
     }
     if (big)
-        CHECK(intact(big, 20 * MiB, 77));
+        CHECK(vmm_test_intact(big, 20 * MiB, 77, 65536));
     CHECK_OK(vmm_free(a, big));
     CHECK_OK(vmm_check(a));
     vmm_sim_counters c;

@@ -15,29 +15,6 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
-static void fill(char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 65536)
-        p[i] = (char)(seed + i / 65536);
-    p[n - 1] = (char)seed;
-}
-
-static int intact(const char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 65536)
-        if (p[i] != (char)(seed + i / 65536))
-            return 0;
-    return p[n - 1] == (char)seed;
-}
-
-static vmm_stats stats(vmm_allocator *a)
-{
-    vmm_stats st;
-    memset(&st, 0, sizeof st);
-    CHECK_OK(vmm_get_stats(a, &st));
-    return st;
-}
-
 /* 16 x 512 KiB (small pool) and 5 x 12 MiB (large pool) with the given page sizes. */
 static void pools(size_t sps, size_t lps)
 {
@@ -54,16 +31,16 @@ static void pools(size_t sps, size_t lps)
         CHECK_OK(vmm_malloc(a, 512 * KiB, NULL, (void **)&s[i]));
         CHECK_OK(vmm_check(a));
         if (s[i])
-            fill(s[i], 512 * KiB, (unsigned)i);
+            vmm_test_fill(s[i], 512 * KiB, (unsigned)i, 65536);
     }
     for (int i = 0; i < 5; i++) {
         l[i] = NULL;
         CHECK_OK(vmm_malloc(a, 12 * MiB, NULL, (void **)&l[i]));
         CHECK_OK(vmm_check(a));
         if (l[i])
-            fill(l[i], 12 * MiB, 100u + (unsigned)i);
+            vmm_test_fill(l[i], 12 * MiB, 100u + (unsigned)i, 65536);
     }
-    vmm_stats st = stats(a);
+    vmm_stats st = vmm_test_stats(a);
     /* blocks are packed from the lowest address: whole pages of each pool's size */
     CHECK_EQ(st.reserved_bytes[VMM_POOL_SMALL].current, round_up(8 * MiB, sps));
     CHECK_EQ(st.reserved_bytes[VMM_POOL_LARGE].current, round_up(60 * MiB, lps));
@@ -73,15 +50,15 @@ static void pools(size_t sps, size_t lps)
 
     /* free the small blocks, then grow the large pool past the peak */
     for (int i = 0; i < 16; i++) {
-        CHECK(intact(s[i], 512 * KiB, (unsigned)i));
+        CHECK(vmm_test_intact(s[i], 512 * KiB, (unsigned)i, 65536));
         CHECK_OK(vmm_free(a, s[i]));
         CHECK_OK(vmm_check(a));
     }
-    vmm_stats st0 = stats(a);
+    vmm_stats st0 = vmm_test_stats(a);
     char *big = NULL;
     CHECK_OK(vmm_malloc(a, 16 * MiB, NULL, (void **)&big));
     CHECK_OK(vmm_check(a));
-    vmm_stats st1 = stats(a);
+    vmm_stats st1 = vmm_test_stats(a);
     size_t tail = round_up(60 * MiB, lps) - 60 * MiB; /* free mapped bytes after the last block */
     size_t grow = round_up(16 * MiB - tail, lps);
     if (sps == lps) {
@@ -102,17 +79,17 @@ static void pools(size_t sps, size_t lps)
     CHECK_EQ(st1.reserved_bytes[VMM_POOL_LARGE].current % lps, 0);
     CHECK_EQ(st1.num_event_waits, 0);
     if (big) {
-        fill(big, 16 * MiB, 7);
-        CHECK(intact(big, 16 * MiB, 7));
+        vmm_test_fill(big, 16 * MiB, 7, 65536);
+        CHECK(vmm_test_intact(big, 16 * MiB, 7, 65536));
     }
     for (int i = 0; i < 5; i++) {
-        CHECK(intact(l[i], 12 * MiB, 100u + (unsigned)i));
+        CHECK(vmm_test_intact(l[i], 12 * MiB, 100u + (unsigned)i, 65536));
         CHECK_OK(vmm_free(a, l[i]));
     }
     CHECK_OK(vmm_free(a, big));
     CHECK_OK(vmm_empty_cache(a));
     CHECK_OK(vmm_check(a));
-    CHECK_EQ(stats(a).reserved_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(vmm_test_stats(a).reserved_bytes[VMM_POOL_ALL].current, 0);
     vmm_sim_counters c;
     CHECK_OK(vmm_sim_get_counters(a, &c));
     CHECK_EQ(c.device_syncs + c.stream_syncs + c.event_syncs, 0);

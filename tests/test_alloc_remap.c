@@ -15,28 +15,7 @@
 
 static vmm_allocator *A;
 
-static void fill(char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 4096)
-        p[i] = (char)(seed + i / 4096);
-    p[n - 1] = (char)seed;
-}
-
-static int intact(const char *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i += 4096)
-        if (p[i] != (char)(seed + i / 4096))
-            return 0;
-    return p[n - 1] == (char)seed;
-}
-
-static vmm_stats stats(void)
-{
-    vmm_stats st;
-    memset(&st, 0, sizeof st);
-    CHECK_OK(vmm_get_stats(A, &st));
-    return st;
-}
+static vmm_stats stats(void) { return vmm_test_stats(A); }
 
 static uint64_t calls(int kind)
 {
@@ -66,7 +45,7 @@ static void *alloc(size_t n, vmm_stream s, unsigned seed)
     CHECK_OK(vmm_malloc(A, n, s, &p));
     CHECK_OK(vmm_check(A));
     if (p)
-        fill(p, n, seed);
+        vmm_test_fill(p, n, seed, 4096);
     return p;
 }
 
@@ -105,10 +84,10 @@ static void small_to_large(void)
     CHECK_EQ(st1.reserved_bytes[VMM_POOL_ALL].current, 64 * MiB);
     CHECK_EQ(st1.reserved_bytes[VMM_POOL_LARGE].current, 48 * MiB);
     CHECK_EQ(st1.reserved_bytes[VMM_POOL_SMALL].current, 16 * MiB);
-    CHECK(intact(big, 48 * MiB, 99));
+    CHECK(vmm_test_intact(big, 48 * MiB, 99, 4096));
     for (int i = 0; i < NS; i++)
         if (s[i]) {
-            CHECK(intact(s[i], MiB, (unsigned)i));
+            CHECK(vmm_test_intact(s[i], MiB, (unsigned)i, 4096));
             release(s[i]);
         }
     release(big);
@@ -154,11 +133,11 @@ static void holes_and_mark(void)
     CHECK_EQ(st1.num_pages_remapped - st0.num_pages_remapped, 4);
     CHECK_EQ(st1.reserved_bytes[VMM_POOL_ALL].current, 72 * MiB);
     CHECK_EQ(st1.reserved_bytes[VMM_POOL_ALL].peak, 72 * MiB);
-    CHECK(intact(e, 8 * MiB, 5));
-    CHECK(intact(f, 16 * MiB, 6));
-    CHECK(intact(g, 24 * MiB, 7));
-    CHECK(intact(h, 8 * MiB, 8));
-    CHECK(intact(i, 16 * MiB, 9));
+    CHECK(vmm_test_intact(e, 8 * MiB, 5, 4096));
+    CHECK(vmm_test_intact(f, 16 * MiB, 6, 4096));
+    CHECK(vmm_test_intact(g, 24 * MiB, 7, 4096));
+    CHECK(vmm_test_intact(h, 8 * MiB, 8, 4096));
+    CHECK(vmm_test_intact(i, 16 * MiB, 9, 4096));
     release(e);
     release(f);
     release(g);
@@ -167,19 +146,6 @@ static void holes_and_mark(void)
     no_sync_but(NULL);
     vmm_destroy(A);
     A = NULL;
-}
-
-typedef struct gate {
-    atomic_int go, done;
-} gate;
-
-/* A "kernel" that runs until the test lets it finish. */
-static void gated_kernel(void *arg)
-{
-    gate *g = arg;
-    while (!atomic_load(&g->go))
-        vmm_test_sleep_ms(1);
-    atomic_store(&g->done, 1);
 }
 
 /* Pages freed behind a launch still running are not taken (growth creates instead, without
@@ -193,8 +159,8 @@ static void pending_work(void)
     CHECK_OK(vmm_sim_stream_create(A, &s));
     char *x = alloc(16 * MiB, s, 1);
     char *pin = alloc(2 * MiB, s, 2); /* keeps x's hole from touching unmapped space */
-    gate k = {0, 0};
-    CHECK_OK(vmm_sim_launch(A, s, gated_kernel, &k));
+    vmm_test_gate k = {0, 0};
+    CHECK_OK(vmm_sim_launch(A, s, vmm_test_gate_wait, &k));
     release(x); /* the kernel may still use it: stream order */
     uint64_t create0 = calls(VMM_SIM_CALL_MEM_CREATE), unmap0 = calls(VMM_SIM_CALL_MEM_UNMAP);
     unsigned long long t0 = vmm_test_now_ns();
@@ -205,10 +171,10 @@ static void pending_work(void)
     CHECK(dt < 200ull * 1000 * 1000);
     CHECK_OK(vmm_check(A));
     if (y)
-        fill(y, 32 * MiB, 3);
+        vmm_test_fill(y, 32 * MiB, 3, 4096);
     CHECK_EQ(calls(VMM_SIM_CALL_MEM_CREATE) - create0, 16);
     CHECK_EQ(calls(VMM_SIM_CALL_MEM_UNMAP), unmap0);
-    atomic_store(&k.go, 1);
+    atomic_store(&k.open, 1);
     vmm_sim_counters own;
     CHECK_OK(vmm_sim_synchronize(A)); /* the test waits for its kernel, the allocator never does */
     CHECK(atomic_load(&k.done));
@@ -218,9 +184,9 @@ static void pending_work(void)
     CHECK_EQ(calls(VMM_SIM_CALL_MEM_CREATE) - create0, 20);
     CHECK_EQ(calls(VMM_SIM_CALL_MEM_UNMAP) - unmap0, 8);
     CHECK_EQ(stats().reserved_bytes[VMM_POOL_ALL].peak, 58 * MiB);
-    CHECK(intact(pin, 2 * MiB, 2));
-    CHECK(intact(y, 32 * MiB, 3));
-    CHECK(intact(z, 24 * MiB, 4));
+    CHECK(vmm_test_intact(pin, 2 * MiB, 2, 4096));
+    CHECK(vmm_test_intact(y, 32 * MiB, 3, 4096));
+    CHECK(vmm_test_intact(z, 24 * MiB, 4, 4096));
     release(pin);
     release(y);
     release(z);

@@ -41,17 +41,6 @@ static size_t count(size_t n, int action)
     return c;
 }
 
-typedef struct gate {
-    atomic_int open;
-} gate;
-
-static void wait_gate(void *arg)
-{
-    gate *g = arg;
-    while (!atomic_load(&g->open))
-        vmm_test_sleep_ms(1);
-}
-
 static void expandable_events(void)
 {
     vmm_allocator *a = NULL;
@@ -104,9 +93,9 @@ static void expandable_events(void)
     CHECK(fr > iz && fc == fr + 1);
 
     /* free of a block used on another stream: completed only once that stream's work ran */
-    gate g = {0};
+    vmm_test_gate g = {0};
     CHECK_OK(vmm_record_stream(a, x, s2));
-    CHECK_OK(vmm_sim_launch(a, s2, wait_gate, &g));
+    CHECK_OK(vmm_sim_launch(a, s2, vmm_test_gate_wait, &g));
     CHECK_OK(vmm_free(a, x));
     void *w = NULL;
     CHECK_OK(vmm_malloc(a, 512, s1, &w)); /* polls pending frees: x's event is not done */

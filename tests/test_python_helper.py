@@ -89,12 +89,58 @@ check(vmmalloc.last_error() != "", "last_error set")
 ps = vt.pinned_stats(0)
 check(ps.get("pinned.reserved_bytes.current") == 0 and "pinned.num_host_alloc" in ps, "pinned stats: %r" % ps)
 
-# snapshot: a dict when the library has it, else a clear NotImplementedError
-try:
-    snap = vt.snapshot(0)
-    check(isinstance(snap, dict) and "segments" in snap, "snapshot dict with segments")
-except NotImplementedError as ex:
-    check("snapshot" in str(ex), "snapshot error says why")
+# history and snapshots on device 2 (a fresh allocator): record, allocate, free, snapshot
+vt.record_memory_history(64, 2)
+s1 = lib.vmm_torch_malloc(5 << 20, 2, None)
+s2 = lib.vmm_torch_malloc(700, 2, None)
+lib.vmm_torch_free(s2, 700, 2, None)
+snap = vt.snapshot(device=2)
+check(isinstance(snap, dict) and set(snap) >= {"segments", "device_traces", "allocator_settings"},
+      "snapshot keys: %r" % sorted(snap) if isinstance(snap, dict) else snap)
+blocks = [b for seg in snap.get("segments", []) for b in seg["blocks"]]
+live = [b for b in blocks if b["state"] == "active_allocated"]
+check([(b["address"], b["requested_size"]) for b in live] == [(s1, 5 << 20)],
+      "the one live block in the snapshot: %r" % live)
+# the ordinal is the driver's (the simulated driver has one device, reported as 0): one trace
+# list per ordinal up to it, the last one this allocator's
+traces = snap.get("device_traces", [])
+check(traces and all(seg["device"] == len(traces) - 1 for seg in snap.get("segments", [])),
+      "segments' device matches the trace lists: %d" % len(traces))
+trace = traces[-1] if traces else []
+acts = [(t["action"], t["addr"]) for t in trace]
+check(("alloc", s1) in acts and ("alloc", s2) in acts and ("free_requested", s2) in acts,
+      "trace holds the allocs and the free: %r" % acts)
+check(snap.get("allocator_settings", {}).get("allocator") == "vmmalloc", "allocator_settings")
+# the ring keeps the newest entries: resize to 1, then stop
+vt.record_memory_history(1, 2)
+check(len(vt.snapshot(device=2)["device_traces"][-1]) == 1, "history resized to 1 entry")
+vt.record_memory_history(0, 2)
+check(vt.snapshot(device=2)["device_traces"][-1] == [], "history off: empty trace")
+# device 0 never recorded: its trace is empty
+check(all(t == [] for t in vt.snapshot(device=0)["device_traces"]), "device 0 without history")
+# with a path: the pickle on disk, the same state, read back by the restricted loader
+import tempfile  # noqa: E402
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "s.pickle")
+    check(vt.snapshot(path, 2) is None, "snapshot(path) returns None")
+    disk = vmmalloc.load_snapshot(path)
+    check([b["address"] for seg in disk["segments"] for b in seg["blocks"]
+           if b["state"] == "active_allocated"] == [s1], "snapshot file: the live block")
+    # the restricted unpickler refuses anything naming a class
+    import pickle  # noqa: E402
+    evil = os.path.join(d, "evil.pickle")
+    with open(evil, "wb") as f:
+        pickle.dump({"segments": [os.getcwd]}, f, protocol=2)
+    e = raises(pickle.UnpicklingError, vmmalloc.load_snapshot, evil)
+    check(e is not None and "only plain data" in str(e), "class reference refused: %r" % e)
+    e = raises(vmmalloc.VmmError, vt.snapshot, os.path.join(d, "no-such-dir", "s.pickle"), 2)
+    check(e is not None and e.status == "EINVAL" and "no-such-dir" in str(e),
+          "unwritable path -> EINVAL naming it: %r" % e)
+e = raises(vmmalloc.VmmError, vt.snapshot, None, 99)
+check(e is not None and e.status == "EINVAL" and "device 99" in str(e), "bad device: %r" % e)
+e = raises(vmmalloc.VmmError, vt.record_memory_history, 8, -3)
+check(e is not None and e.status == "EINVAL", "record_memory_history bad device: %r" % e)
+lib.vmm_torch_free(s1, 5 << 20, 2, None)
 
 # install needs torch; without it, a clear ImportError
 try:

@@ -17,17 +17,6 @@
 
 #define MiB ((size_t)1 << 20)
 
-typedef struct gate {
-    atomic_int open;
-} gate;
-
-static void wait_gate(void *arg)
-{
-    gate *g = arg;
-    while (!atomic_load(&g->open))
-        vmm_test_sleep_ms(1);
-}
-
 static char live_txt[8192], pending_txt[4096], groups_txt[4096];
 
 static void add_live(vmm_allocator *a, void *p, size_t requested)
@@ -126,9 +115,9 @@ static void expandable_snapshot(const char *python)
             add_live(a, p[i], sz[i]);
     }
     /* p[5] (on s1) used by a kernel on s2 that waits: pending while the snapshot is taken */
-    gate g = {0};
+    vmm_test_gate g = {0};
     CHECK_OK(vmm_record_stream(a, p[5], s2));
-    CHECK_OK(vmm_sim_launch(a, s2, wait_gate, &g));
+    CHECK_OK(vmm_sim_launch(a, s2, vmm_test_gate_wait, &g));
     size_t pend_size = vmm_usable_size(a, p[5]);
     CHECK_OK(vmm_free(a, p[5]));
     add_pending(p[5], pend_size);
@@ -188,21 +177,9 @@ static void classic_snapshot(const char *python)
     vmm_destroy(a);
 }
 
-/* $VMM_PYTHON, else the system's python3 (a version manager's shim on PATH can take seconds to
- * start), else python3 from PATH; NULL when there is none. */
-static const char *find_python(void)
-{
-    const char *env = getenv("VMM_PYTHON");
-    if (env && *env)
-        return env;
-    if (access("/usr/bin/python3", X_OK) == 0)
-        return "/usr/bin/python3";
-    return system("command -v python3 >/dev/null 2>&1") == 0 ? "python3" : NULL;
-}
-
 int main(void)
 {
-    const char *python = find_python();
+    const char *python = vmm_test_python();
     if (!python) {
         fprintf(stderr, "test_snapshot: python3 is not installed: skipped\n");
         return 77;

@@ -21,29 +21,8 @@
 
 #define MiB ((size_t)1 << 20)
 
-typedef struct gate {
-    atomic_int open;
-} gate;
-
-static void wait_gate(void *arg)
-{
-    gate *g = arg;
-    while (!atomic_load(&g->open))
-        vmm_test_sleep_ms(1);
-}
-
-static const char *find_python(void)
-{
-    const char *env = getenv("VMM_PYTHON");
-    if (env && *env)
-        return env;
-    if (access("/usr/bin/python3", X_OK) == 0)
-        return "/usr/bin/python3";
-    return system("command -v python3 >/dev/null 2>&1") == 0 ? "python3" : NULL;
-}
-
 /* A training-like pattern: a few steps of activations growing then freed, weights kept. */
-static void workload(vmm_allocator *a, vmm_stream s1, vmm_stream s2, gate *g, void **keep, size_t nkeep)
+static void workload(vmm_allocator *a, vmm_stream s1, vmm_stream s2, vmm_test_gate *g, void **keep, size_t nkeep)
 {
     uint64_t x = 12345;
     for (size_t i = 0; i < nkeep; i++) {
@@ -76,13 +55,13 @@ static void workload(vmm_allocator *a, vmm_stream s1, vmm_stream s2, gate *g, vo
     void *p = NULL;
     CHECK_OK(vmm_malloc(a, 4 * MiB, s1, &p));
     CHECK_OK(vmm_record_stream(a, p, s2));
-    CHECK_OK(vmm_sim_launch(a, s2, wait_gate, g));
+    CHECK_OK(vmm_sim_launch(a, s2, vmm_test_gate_wait, g));
     CHECK_OK(vmm_free(a, p));
 }
 
 int main(void)
 {
-    const char *python = find_python();
+    const char *python = vmm_test_python();
     if (!python) {
         fprintf(stderr, "test_viz: python3 is not installed: skipped\n");
         return 77;
@@ -104,7 +83,7 @@ int main(void)
     vmm_stream s1 = NULL, s2 = NULL;
     CHECK_OK(vmm_sim_stream_create(a, &s1));
     CHECK_OK(vmm_sim_stream_create(a, &s2));
-    gate g = {0};
+    vmm_test_gate g = {0};
     void *keep[16];
     workload(a, s1, s2, &g, keep, 16);
     CHECK_OK(vmm_check(a));

@@ -2,7 +2,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "vmmalloc.h"
 
@@ -30,4 +32,47 @@ const char *vmm_test_source_path(const char *rel)
     const char *root = getenv("VMM_SOURCE_DIR");
     snprintf(buf, sizeof buf, "%s/%s", root ? root : ".", rel);
     return buf;
+}
+
+void vmm_test_fill(void *p, size_t n, unsigned seed, size_t stride)
+{
+    char *b = p;
+    for (size_t i = 0; i < n; i += stride)
+        b[i] = (char)(seed + i / stride);
+    b[n - 1] = (char)seed;
+}
+
+int vmm_test_intact(const void *p, size_t n, unsigned seed, size_t stride)
+{
+    const char *b = p;
+    for (size_t i = 0; i < n; i += stride)
+        if (b[i] != (char)(seed + i / stride))
+            return 0;
+    return b[n - 1] == (char)seed;
+}
+
+vmm_stats vmm_test_stats(vmm_allocator *a)
+{
+    vmm_stats st;
+    memset(&st, 0, sizeof st);
+    CHECK_OK(vmm_get_stats(a, &st));
+    return st;
+}
+
+void vmm_test_gate_wait(void *gate)
+{
+    vmm_test_gate *g = gate;
+    while (!atomic_load(&g->open))
+        vmm_test_sleep_ms(1);
+    atomic_store(&g->done, 1);
+}
+
+const char *vmm_test_python(void)
+{
+    const char *env = getenv("VMM_PYTHON");
+    if (env && *env)
+        return env;
+    if (access("/usr/bin/python3", X_OK) == 0)
+        return "/usr/bin/python3";
+    return system("command -v python3 >/dev/null 2>&1") == 0 ? "python3" : NULL;
 }

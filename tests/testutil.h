@@ -2,8 +2,12 @@
 #ifndef VMM_TESTUTIL_H
 #define VMM_TESTUTIL_H
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "vmmalloc.h"
 
 extern int vmm_test_failures;
 
@@ -53,5 +57,25 @@ unsigned long long vmm_test_now_ns(void);
 void vmm_test_sleep_ms(unsigned ms);
 /* Path under the source tree (VMM_SOURCE_DIR from ctest, else "."); static buffer. */
 const char *vmm_test_source_path(const char *rel);
+
+/* Data-survival pattern: byte i*stride of p[0..n) gets (seed + i), the last byte gets seed.
+ * A stride of one page or less touches every page, so a page mapped wrongly or lost shows. */
+void vmm_test_fill(void *p, size_t n, unsigned seed, size_t stride);
+/* 1 when p[0..n) still holds what vmm_test_fill(p, n, seed, stride) wrote, else 0. */
+int vmm_test_intact(const void *p, size_t n, unsigned seed, size_t stride);
+
+/* vmm_get_stats into a zeroed struct (a failure is counted as a CHECK failure). */
+vmm_stats vmm_test_stats(vmm_allocator *a);
+
+/* A simulated kernel that holds its stream until the test opens the gate: launch
+ * vmm_test_gate_wait with a vmm_test_gate (zero-initialised); it sets done when it ends. */
+typedef struct vmm_test_gate {
+    atomic_int open, done;
+} vmm_test_gate;
+void vmm_test_gate_wait(void *gate);
+
+/* $VMM_PYTHON, else the system's python3 (a version manager's shim on PATH can take seconds to
+ * start), else python3 from PATH; NULL when there is none. */
+const char *vmm_test_python(void);
 
 #endif

@@ -20,6 +20,7 @@ import threading
 __all__ = [
     "VmmError", "library_path", "load", "configure", "memory_stats", "pinned_stats", "empty_cache",
     "reset_peak_memory_stats", "record_stream", "oom_report", "last_error", "snapshot",
+    "load_snapshot", "record_memory_history",
 ]
 
 # Status codes of include/vmmalloc.h (VMM_STATUS_MAP).
@@ -88,6 +89,8 @@ def _declare(lib):
         "vmm_torch_record_stream": (c_int, [c_void_p, c_void_p]),
         "vmm_torch_last_error": (c_int, [c_char_p, c_size]),
         "vmm_torch_oom_report": (c_int, [c_char_p, c_size]),
+        "vmm_torch_snapshot": (c_int, [c_int, c_char_p]),
+        "vmm_torch_record_history": (c_int, [c_int, c_size]),
         "vmm_pinned_stats_json": (c_int, [c_void_p, c_char_p, c_size]),
         "vmm_strerror": (c_char_p, [c_int]),
         "vmm_last_error": (c_char_p, []),
@@ -95,10 +98,6 @@ def _declare(lib):
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args
-    # Optional: present once the library has snapshots.
-    if hasattr(lib, "vmm_snapshot_pickle"):
-        lib.vmm_snapshot_pickle.restype = c_int
-        lib.vmm_snapshot_pickle.argtypes = [c_void_p, c_char_p]
     return lib
 
 
@@ -213,20 +212,45 @@ def record_stream(ptr, stream):
     _check(load().vmm_torch_record_stream(ctypes.c_void_p(int(ptr)), ctypes.c_void_p(int(stream or 0))))
 
 
-def snapshot(device=None):
-    """The allocator's state in PyTorch's snapshot format (a dict), when the library has
-    vmm_snapshot_pickle; raises NotImplementedError otherwise."""
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """The snapshot holds only dicts, lists, strings and numbers: any class reference means the
+    file is not one of ours, and loading it could run code."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(
+            "vmmalloc: snapshot refers to %s.%s; only plain data is accepted" % (module, name))
+
+
+def load_snapshot(path):
+    """Read a snapshot pickle (vmm_snapshot_pickle's or snapshot(path)'s) as a dict, refusing any
+    pickle that names a class or function."""
+    with open(path, "rb") as f:
+        return _DataOnlyUnpickler(f).load()
+
+
+def snapshot(path=None, device=None):
+    """The device allocator's state in the format of PyTorch's torch.cuda.memory._snapshot()
+    (segments, device_traces, allocator_settings, ...; docs/snapshots.md).
+
+    With ``path``: writes the pickle there (what torch.cuda.memory._dump_snapshot writes; open it
+    with pytorch.org/memory_viz or tools/vmm_viz.py) and returns None. Without: returns the dict.
+    The trace is empty unless record_memory_history() is on. Raises VmmError (EINVAL naming the
+    path when it cannot be written)."""
     lib = load()
-    if not hasattr(lib, "vmm_snapshot_pickle"):
-        raise NotImplementedError(
-            "vmmalloc: this libvmmalloc (%s) has no snapshot support (vmm_snapshot_pickle); "
-            "memory_stats() and oom_report() are available" % _lib_path)
-    a = _allocator(device)
-    fd, path = tempfile.mkstemp(prefix="vmmalloc-snapshot-", suffix=".pickle")
+    if path is not None:
+        _check(lib.vmm_torch_snapshot(_device(device), os.fsencode(path)))
+        return None
+    fd, tmp = tempfile.mkstemp(prefix="vmmalloc-snapshot-", suffix=".pickle")
     os.close(fd)
     try:
-        _check_here(lib.vmm_snapshot_pickle(a, path.encode()))
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        _check(lib.vmm_torch_snapshot(_device(device), os.fsencode(tmp)))
+        return load_snapshot(tmp)
     finally:
-        os.unlink(path)
+        os.unlink(tmp)
+
+
+def record_memory_history(max_entries, device=None):
+    """Keep the device allocator's last ``max_entries`` events (allocs, frees, segment maps and
+    unmaps, OOMs) for snapshot()'s device_traces; 0 (or None) stops recording and drops them.
+    Resizing keeps the newest entries that fit."""
+    _check(load().vmm_torch_record_history(_device(device), int(max_entries or 0)))

@@ -13,7 +13,7 @@ works on machines without PyTorch.
 import vmmalloc as _v
 
 __all__ = ["install", "is_installed", "memory_stats", "empty_cache", "reset_peak_memory_stats",
-           "record_stream", "snapshot", "oom_report", "pinned_stats"]
+           "record_stream", "snapshot", "record_memory_history", "oom_report", "pinned_stats"]
 
 _installed_path = None
 
@@ -115,10 +115,17 @@ def record_stream(tensor_or_ptr, stream):
     _v.record_stream(ptr, handle or 0)
 
 
-def snapshot(device=None):
-    """The allocator's snapshot in PyTorch's format (dict), when the library supports it; raises
-    NotImplementedError otherwise."""
-    return _v.snapshot(_current_device(device))
+def snapshot(path=None, device=None):
+    """torch.cuda.memory._snapshot() for vmmalloc (PyTorch's own raises for a pluggable
+    allocator): the allocator's state as a dict, or, with ``path``, written there as the pickle
+    torch.cuda.memory._dump_snapshot writes (returns None then). See vmmalloc.snapshot."""
+    return _v.snapshot(path, _current_device(device))
+
+
+def record_memory_history(max_entries, device=None):
+    """torch.cuda.memory._record_memory_history() for vmmalloc: keep the last ``max_entries``
+    allocator events for snapshot()'s trace (0 or None stops). No stack frames are recorded."""
+    _v.record_memory_history(max_entries, _current_device(device))
 
 
 def oom_report():
