@@ -73,6 +73,12 @@ int plan_tree(const plan_ctx *c, uint64_t *off);
 /* Run every heuristic on `threads` threads (0 = CPUs), keep the lowest arena. winner gets its name. */
 int plan_heuristics(const plan_ctx *c, int threads, uint64_t *off, char *winner, size_t wlen);
 
+/* ---- improve.c ------------------------------------------------------------------------------ */
+/* Improve the valid plan in off by placing reordered items again until the arena is at most
+ * target (or the lower bound), the deadline passes or progress stops; off keeps the lowest arena
+ * seen (never higher than it came in). VMM_OK or VMM_EHOSTMEM. */
+int plan_improve(const plan_ctx *c, uint64_t target, double deadline, uint64_t *off);
+
 /* ---- exact.c -------------------------------------------------------------------------------- */
 typedef struct plan_exact_out {
     int optimal;     /* the search finished: off is minimal (or capacity proven infeasible) */

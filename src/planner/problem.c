@@ -12,7 +12,8 @@ enum {
     PLAN_MAX_BYTES_SHIFT = 62,
     /* "best" skips the exact search above this many items: the search keeps O(items) state per
      * node and a conflict list per item, and the heuristics are within a fraction of a percent of
-     * the bound on real traces that large (docs/planner.md). */
+     * the bound on real traces that large; there the reordering pass (improve.c) runs instead
+     * (docs/planner.md). */
     PLAN_BEST_EXACT_MAX_ITEMS = 4096,
 };
 #define PLAN_DEFAULT_TIME_LIMIT_S 10.0
@@ -280,8 +281,12 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, double t0, uin
     uint64_t arena = plan_arena(c, off);
     if (arena <= c->lower_bound || (o->capacity && arena <= o->capacity))
         return VMM_OK;
-    if (o->algo == VMM_PLAN_BEST && c->n > PLAN_BEST_EXACT_MAX_ITEMS)
-        return VMM_OK;
+    if (o->algo == VMM_PLAN_BEST && c->n > PLAN_BEST_EXACT_MAX_ITEMS) {
+        rc = plan_improve(c, o->capacity, t0 + o->time_limit_s, off);
+        if (!rc && plan_arena(c, off) < arena)
+            snprintf(r->winner, sizeof r->winner, "improve");
+        return rc;
+    }
     uint64_t *seed = malloc(c->n * sizeof *seed);
     if (!seed)
         return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
