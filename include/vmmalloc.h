@@ -292,6 +292,11 @@ VMM_API int vmm_torch_reset_peaks(int device);
 /* vmm_record_stream on the allocator that owns ptr. VMM_EBADPTR when none does. */
 VMM_API int vmm_torch_record_stream(void *ptr, void *stream);
 
+/* vmm_snapshot_pickle / vmm_record_history of the device's allocator (created if needed); on
+ * failure the message is kept for vmm_torch_last_error. Returns VMM_OK or the status. */
+VMM_API int vmm_torch_snapshot(int device, const char *path);
+VMM_API int vmm_torch_record_history(int device, size_t max_entries);
+
 /* Copy the last failure message of any vmm_torch_* call (any thread) / the last out-of-memory
  * report into buf (NUL-terminated; "" when none). Return the full length of the text. */
 VMM_API int vmm_torch_last_error(char *buf, size_t len);

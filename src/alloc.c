@@ -178,7 +178,9 @@ static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
         free_b = 0;
     a->stats.num_ooms++;
     VMM_HISTORY(a, VMM_TRACE_OOM, free_b, size, NULL);
-    const vmm_stats *s = &a->stats;
+    vmm_stats st;
+    vmm_stats_derive(a, &st);
+    const vmm_stats *s = &st;
     double mib = (double)VMM_MiB;
     return vmm_fail(VMM_ENOMEM,
                     "vmmalloc: out of memory. Tried to allocate %.2f MiB (%zu bytes, %zu after rounding) "
@@ -317,23 +319,25 @@ static __attribute__((noinline)) int malloc_slow(vmm_allocator *a, size_t size, 
 
 static int malloc_locked(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr)
 {
-    size_t rounded = vmm_round_size(&a->cfg, size);
-    int pool = vmm_pool_of(rounded);
     a->malloc_count++;
     /* deferred frees are polled only while there are some: no driver call otherwise */
     if (VMM_UNLIKELY(a->deferred != NULL))
         vmm_events_process(a);
     /* a cached block implies its stream's record exists; only the slow path needs it */
-    vmm_block *b = vmm_pool_best_fit(a, pool, stream, rounded);
-    int fitted = b != NULL;
+    vmm_block *b;
+    size_t rounded;
+    int pool;
+    int rc = vmm_pool_malloc_cached(a, size, stream, &b, &rounded, &pool);
     if (VMM_UNLIKELY(!b)) {
-        int rc = malloc_slow(a, size, rounded, pool, stream, &b);
+        if (rc)
+            return rc;
+        rc = malloc_slow(a, size, rounded, pool, stream, &b);
+        if (rc)
+            return rc;
+        rc = vmm_pool_take(a, &b, rounded, size, 0);
         if (rc)
             return rc;
     }
-    int rc = vmm_pool_take(a, &b, rounded, size, fitted);
-    if (rc)
-        return rc;
     *ptr = (void *)b->addr;
     VMM_HISTORY(a, VMM_TRACE_ALLOC, b->addr, b->size, stream);
     return VMM_OK;
@@ -373,34 +377,50 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
         return VMM_OK;
     vmm_lock(a);
     int rc = VMM_OK;
-    vmm_block *b = find_live(a, ptr, "vmm_free");
-    if (!b) {
-        rc = VMM_EBADPTR;
+    size_t slot = 0;
+    vmm_block *b = vmm_live_find_slot(a, (uintptr_t)ptr, &slot);
+    if (VMM_UNLIKELY(!b)) {
+        rc = vmm_fail(VMM_EBADPTR, "vmm_free: %p was not returned by vmm_malloc of this allocator, is "
+                                   "an interior pointer, or was already freed", ptr);
     } else {
         vmm_stream_rec *sr = b->seg->srec;
         int pool = b->seg->pool;
-        if (b->n_uses) {
+        if (VMM_UNLIKELY(b->n_uses)) {
             rc = vmm_defer_free(a, b);
         }
         if (rc == VMM_OK) {
-            vmm_live_remove(a, b);
+            /* the slot found above: deferring a free leaves the live table as it was */
+            vmm_live_remove_at(a, slot);
             VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
-            if (b->group)
+            if (VMM_UNLIKELY(b->group != NULL))
                 vmm_group_drop(a, b);
             /* stamp with the own stream's sequence: a fence recorded later proves it idle */
             b->free_seq = ++sr->seq;
-            vmm_stat_update(a->stats.allocation, pool, -1);
-            vmm_stat_update(a->stats.allocated_bytes, pool, -(int64_t)b->size);
-            vmm_stat_update(a->stats.requested_bytes, pool, -(int64_t)b->requested);
+            vmm_hot_down(a->stats.allocation, pool, 1);
+            vmm_hot_down(a->stats.allocated_bytes, pool, (int64_t)b->size);
+            vmm_hot_down(a->stats.requested_bytes, pool, (int64_t)b->requested);
             if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
                 vmm_stat_add(&a->stats.oversize_allocations, -1);
             b->requested = 0;
-            if (b->state == VMM_BLOCK_ALLOCATED)
+            if (VMM_LIKELY(b->state == VMM_BLOCK_ALLOCATED)) {
                 vmm_pool_release(a, b);
+            } else {
+                /* deferred: still active, counted as pending (see vmm_hot_up) */
+                vmm_stat_add(&a->pending[pool], 1);
+                vmm_stat_add(&a->pending_bytes[pool], (int64_t)b->size);
+            }
         }
     }
     vmm_unlock(a);
     return rc;
+}
+
+static int stream_retired(const vmm_allocator *a, vmm_stream s)
+{
+    for (const vmm_stream_rec *r = a->streams; r; r = r->next)
+        if (r->stream == s)
+            return r->retired;
+    return 0;
 }
 
 VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
@@ -412,6 +432,9 @@ VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
     vmm_block *b = find_live(a, ptr, "vmm_record_stream");
     if (!b) {
         rc = VMM_EBADPTR;
+    } else if (stream_retired(a, stream)) {
+        /* no event could ever be recorded on it: the block would become unfreeable */
+        rc = vmm_fail(VMM_EINVAL, "vmm_record_stream: stream %p was destroyed", stream);
     } else if (stream != b->seg->stream) {
         uint32_t i = 0;
         while (i < b->n_uses && b->uses[i] != stream)

@@ -174,6 +174,10 @@ void vmm_fences_record(vmm_allocator *a)
         uint64_t covered = r->fences_tail ? r->fences_tail->seq : r->done_seq;
         if (r->seq <= covered)
             continue;
+        if (r->retired) {
+            r->done_seq = r->seq; /* destroyed: its work has run */
+            continue;
+        }
         vmm_fence *f = vmm_meta_alloc(a->meta, sizeof *f);
         if (!f)
             return;
@@ -214,10 +218,16 @@ size_t vmm_fences_wait(vmm_allocator *a)
     return n;
 }
 
-int vmm_block_idle(const vmm_block *b) { return b->free_seq <= b->seg->srec->done_seq; }
+int vmm_block_idle(const vmm_block *b)
+{
+    const vmm_stream_rec *r = b->seg->srec;
+    return r->retired || b->free_seq <= r->done_seq;
+}
 
 void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s)
 {
+    /* a record even for a stream never allocated on, so that record_stream can refuse it */
+    (void)vmm_stream_rec_get(a, s);
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
         if (r->stream != s)
             continue;
@@ -225,7 +235,26 @@ void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s)
         while (r->fences)
             fence_pop(a, r);
         r->done_seq = seq;
+        /* blocks of this stream freed later are idle at once: no fence can be recorded on it */
+        r->retired = 1;
     }
+    /* a live block used by the dead stream: its work there has run, no event to record at free */
+    for (size_t i = 0; i < a->live_cap; i++) {
+        vmm_block *b = a->live[i];
+        for (uint32_t k = 0; b && k < b->n_uses;) {
+            if (b->uses[k] == s)
+                b->uses[k] = b->uses[--b->n_uses];
+            else
+                k++;
+        }
+    }
+}
+
+void vmm_stream_rec_revive(vmm_allocator *a, vmm_stream s)
+{
+    for (vmm_stream_rec *r = a->streams; r; r = r->next)
+        if (r->stream == s)
+            r->retired = 0;
 }
 
 void vmm_events_shutdown(vmm_allocator *a)

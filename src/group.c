@@ -35,13 +35,14 @@ VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vm
         return group_fail(ptrs, n, VMM_EINVAL, "no buffers (n == 0)");
     if (n > (SIZE_MAX - sizeof(struct vmm_group)) / (2 * sizeof(size_t)))
         return group_fail(ptrs, n, VMM_EINVAL, "too many buffers");
-    /* Each size is below 2^62 and so is the running total, so the sums below cannot wrap. */
+    /* Each size, and the running total plus one alignment step, stay below 2^62 (checked in that
+     * order, so the subtraction cannot wrap): the sums below cannot overflow. */
     const size_t limit = (size_t)1 << 62;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (sizes[i] == 0)
             return group_fail(ptrs, n, VMM_EINVAL, "a buffer of size 0");
-        if (sizes[i] >= limit || total >= limit - sizes[i] - VMM_GROUP_ALIGN)
+        if (sizes[i] >= limit - VMM_GROUP_ALIGN || total >= limit - VMM_GROUP_ALIGN - sizes[i])
             return group_fail(ptrs, n, VMM_EINVAL, "total size too large");
         total = (total + VMM_GROUP_ALIGN - 1) / VMM_GROUP_ALIGN * VMM_GROUP_ALIGN + sizes[i];
     }

@@ -155,6 +155,7 @@ struct vmm_stream_rec {
     uint64_t seq;              /* frees stamped on this stream so far */
     uint64_t done_seq;         /* highest sequence number proven complete by a fence */
     vmm_fence *fences, *fences_tail; /* outstanding fences, oldest first */
+    int retired;               /* destroyed by the user: all its work has run, record nothing on it */
     vmm_stream_rec *next;
 };
 
@@ -195,7 +196,9 @@ struct vmm_allocator {
     size_t n_block_cache;
     uint64_t malloc_count;
     size_t reserved_hwm;               /* most reserved bytes so far (expandable growth policy) */
-    vmm_stats stats;
+    vmm_stats stats;                   /* hot arrays kept partly: see vmm_hot_up, vmm_stats_derive */
+    vmm_stat pending[VMM_NPOOLS];      /* deferred frees (blocks, bytes): active = allocation + */
+    vmm_stat pending_bytes[VMM_NPOOLS]; /* pending, so the hot path leaves active to be derived */
     struct vmm_pinned *pinned;         /* pinned host memory cache (pinned.c), made on first use */
     struct vmm_history *history;       /* event ring (history.c); NULL while not recording */
     uint64_t t0_ns;                    /* monotonic clock at vmm_create (trace times count from it) */
@@ -241,6 +244,36 @@ static inline void vmm_stat_down(vmm_stat *st, int pool, int64_t d)
     st[pool + 1].freed += d;
 }
 
+/* The malloc / free path's stats (allocation, allocated_bytes, requested_bytes, inactive_split,
+ * inactive_split_bytes) keep only the pool entries and the ALL peak; ALL's current, allocated and
+ * freed are the pools' sums. active / active_bytes keep only their peaks (current = allocation +
+ * pending). vmm_stats_derive fills in the rest. A malloc + free pair makes ~12 stat updates; this
+ * halves the memory writes. Returns ALL's current. */
+static inline int64_t vmm_hot_up(vmm_stat *st, int pool, int64_t d)
+{
+    vmm_stat *s = &st[pool + 1];
+    s->current += d;
+    s->allocated += d;
+    if (s->current > s->peak)
+        s->peak = s->current;
+    int64_t all = st[VMM_POOL_SMALL].current + st[VMM_POOL_LARGE].current;
+    if (all > st[VMM_POOL_ALL].peak)
+        st[VMM_POOL_ALL].peak = all;
+    return all;
+}
+static inline void vmm_hot_down(vmm_stat *st, int pool, int64_t d)
+{
+    st[pool + 1].current -= d;
+    st[pool + 1].freed += d;
+}
+static inline void vmm_peak_at(vmm_stat *s, int64_t current)
+{
+    if (current > s->peak)
+        s->peak = current;
+}
+/* a->stats with the derived counters filled in (caller holds the lock). */
+void vmm_stats_derive(const vmm_allocator *a, vmm_stats *out);
+
 /* ---- pool.c ------------------------------------------------------------------------------- */
 
 size_t vmm_round_size(const vmm_config *c, size_t size);
@@ -274,12 +307,19 @@ vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b);
  * which lets a split leave the remainder in *b's index slot; *b is then a new record (the
  * allocated one). */
 int vmm_pool_take(vmm_allocator *a, vmm_block **b, size_t size, size_t requested, int fitted);
+/* malloc's cached path in one call: round `size`, best fit, take. *out NULL (VMM_OK) when no cached
+ * block fits; *rounded and *pool are set either way for the slow path. */
+int vmm_pool_malloc_cached(vmm_allocator *a, size_t size, vmm_stream s, vmm_block **out,
+                           size_t *rounded, int *pool);
 /* Return an allocated / pending block to its pool (merge, index, stats). */
 void vmm_pool_release(vmm_allocator *a, vmm_block *b);
 /* Live table. */
 int vmm_live_insert(vmm_allocator *a, vmm_block *b);
 vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr);
 void vmm_live_remove(vmm_allocator *a, vmm_block *b);
+/* The same by table slot: find gives the slot, remove_at takes it (one probe sequence per free). */
+vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot);
+void vmm_live_remove_at(vmm_allocator *a, size_t slot);
 void vmm_live_free_table(vmm_allocator *a);
 
 /* ---- events.c ----------------------------------------------------------------------------- */
@@ -306,6 +346,8 @@ int vmm_block_idle(const vmm_block *b);
 void vmm_events_shutdown(vmm_allocator *a);
 /* Forget fences of a stream that is being destroyed (its work has run). */
 void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s);
+/* A stream was created (possibly at a retired stream's address): track it again. */
+void vmm_stream_rec_revive(vmm_allocator *a, vmm_stream s);
 
 /* ---- segment.c ---------------------------------------------------------------------------- */
 

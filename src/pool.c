@@ -2,7 +2,6 @@
  * Block records and the pools: size rounding, best-fit index (a treap ordered by stream, size,
  * address, like PyTorch's std::set), split / merge, and the live-block hash table.
  */
-#include <string.h>
 
 #include "internal.h"
 
@@ -41,7 +40,7 @@ static size_t next_division(size_t size, unsigned divisions)
     return rounded == size ? size : rounded + step;
 }
 
-size_t vmm_round_size(const vmm_config *c, size_t size)
+static inline size_t round_size(const vmm_config *c, size_t size)
 {
     if (size < MIN_BLOCK)
         return MIN_BLOCK;
@@ -52,7 +51,11 @@ size_t vmm_round_size(const vmm_config *c, size_t size)
     return (size + MIN_BLOCK - 1) / MIN_BLOCK * MIN_BLOCK;
 }
 
-int vmm_pool_of(size_t rounded) { return rounded <= SMALL_SIZE ? VMM_SMALL : VMM_LARGE; }
+size_t vmm_round_size(const vmm_config *c, size_t size) { return round_size(c, size); }
+
+static inline int pool_of(size_t rounded) { return rounded <= SMALL_SIZE ? VMM_SMALL : VMM_LARGE; }
+
+int vmm_pool_of(size_t rounded) { return pool_of(rounded); }
 
 size_t vmm_classic_segment_size(size_t rounded)
 {
@@ -65,16 +68,14 @@ size_t vmm_classic_segment_size(size_t rounded)
 
 /* ---- block records ----------------------------------------------------------------------- */
 
-vmm_block *vmm_block_new(vmm_allocator *a)
+/* A record with its treap priority set and every other field stale (recycled) or zero (new). */
+static vmm_block *block_pop(vmm_allocator *a)
 {
     vmm_block *b = a->block_cache;
     if (b) {
         /* recycled: splitting and merging churn records, the metadata allocator is slower */
         a->block_cache = b->next;
         a->n_block_cache--;
-        uint32_t prio = b->prio;
-        memset(b, 0, sizeof *b);
-        b->prio = prio;
         return b;
     }
     b = vmm_meta_alloc(a->meta, sizeof *b);
@@ -85,6 +86,14 @@ vmm_block *vmm_block_new(vmm_allocator *a)
         z ^= z >> 31;
         b->prio = (uint32_t)(z * 0xBF58476D1CE4E5B9ull >> 32);
     }
+    return b;
+}
+
+vmm_block *vmm_block_new(vmm_allocator *a)
+{
+    vmm_block *b = block_pop(a);
+    if (b)
+        *b = (vmm_block){.prio = b->prio};
     return b;
 }
 
@@ -225,6 +234,8 @@ vmm_block *vmm_tree_next(vmm_block *t, const vmm_block *b)
 
 /* ---- pools -------------------------------------------------------------------------------- */
 
+static void live_put(vmm_block **t, size_t cap, vmm_block *b);
+
 static int is_split(const vmm_block *b) { return b->prev || b->next; }
 
 void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
@@ -240,8 +251,8 @@ void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
     vmm_tree_insert(&a->free_tree[pool], b);
     a->n_free_blocks++;
     if (is_split(b)) {
-        vmm_stat_up(a->stats.inactive_split, pool, 1);
-        vmm_stat_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_hot_up(a->stats.inactive_split, pool, 1);
+        vmm_hot_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
     }
 }
 
@@ -257,12 +268,12 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
     vmm_tree_erase(&a->free_tree[pool], b);
     a->n_free_blocks--;
     if (is_split(b)) {
-        vmm_stat_down(a->stats.inactive_split, pool, 1);
-        vmm_stat_down(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_hot_down(a->stats.inactive_split, pool, 1);
+        vmm_hot_down(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
     }
 }
 
-vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
+static inline vmm_block *best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
 {
     vmm_block *b = vmm_tree_lower_bound(a->free_tree[pool], s, size, 0);
     if (!b || b->seg->stream != s)
@@ -275,6 +286,11 @@ vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t si
     if (max_split != SIZE_MAX && size >= max_split && b->size - size >= a->cfg.max_non_split_rounding)
         return NULL;
     return b;
+}
+
+vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
+{
+    return best_fit(a, pool, s, size);
 }
 
 void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)
@@ -342,24 +358,19 @@ static int should_split(const vmm_allocator *a, const vmm_block *b, size_t size)
 /* Allocation carved from the front of free block b, which stays indexed in its slot with the
  * remainder's key. Valid when b is the lower bound of (stream, size, 0) and the remainder is not
  * smaller than `size`: the remainder's key then still lies above (stream, size, 0), so no other key
- * falls between its old and new key. Stats as erasing b and inserting the remainder would do. */
+ * falls between its old and new key. inactive_split stats change by the net amount, as PyTorch's
+ * alloc_found_block does ("an already-split inactive block is being shrunk"): same current and
+ * peak as erase + insert, two stat updates fewer on the hot path. */
 static vmm_block *carve_front(vmm_allocator *a, vmm_block *b, size_t size)
 {
-    vmm_block *f = vmm_block_new(a);
+    vmm_block *f = block_pop(a);
     if (VMM_UNLIKELY(!f))
         return NULL;
     int pool = b->seg->pool;
-    if (is_split(b)) {
-        vmm_stat_down(a->stats.inactive_split, pool, 1);
-        vmm_stat_down(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
-    }
-    f->addr = b->addr;
-    f->size = size;
-    f->seg = b->seg;
-    f->free_seq = b->free_seq;
-    f->gc_stamp = b->gc_stamp;
-    f->prev = b->prev;
-    f->next = b;
+    int was_split = is_split(b);
+    /* one initialisation of the whole record (vmm_block_new would clear it first) */
+    *f = (vmm_block){.addr = b->addr, .size = size, .seg = b->seg, .prev = b->prev, .next = b,
+                     .prio = f->prio, .free_seq = b->free_seq, .gc_stamp = b->gc_stamp};
     if (b->prev)
         b->prev->next = f;
     else
@@ -367,12 +378,17 @@ static vmm_block *carve_front(vmm_allocator *a, vmm_block *b, size_t size)
     b->prev = f;
     b->addr += size;
     b->size -= size;
-    vmm_stat_up(a->stats.inactive_split, pool, 1);
-    vmm_stat_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+    if (was_split) {
+        vmm_hot_down(a->stats.inactive_split_bytes, pool, (int64_t)size);
+    } else {
+        vmm_hot_up(a->stats.inactive_split, pool, 1);
+        vmm_hot_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+    }
     return f;
 }
 
-int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requested, int fitted)
+static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requested,
+                            int fitted)
 {
     vmm_block *b = *bp;
     if (VMM_UNLIKELY(a->live_n + 1 > a->live_cap / 2)) {
@@ -399,22 +415,53 @@ int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requeste
     int pool = b->seg->pool;
     b->state = VMM_BLOCK_ALLOCATED;
     b->requested = requested;
-    vmm_live_insert(a, b);
-    vmm_stat_up(a->stats.allocation, pool, 1);
-    vmm_stat_up(a->stats.allocated_bytes, pool, (int64_t)b->size);
-    vmm_stat_up(a->stats.requested_bytes, pool, (int64_t)requested);
-    vmm_stat_up(a->stats.active, pool, 1);
-    vmm_stat_up(a->stats.active_bytes, pool, (int64_t)b->size);
+    /* room was made above */
+    live_put(a->live, a->live_cap, b);
+    a->live_n++;
+    vmm_stats *st = &a->stats;
+    int64_t all_n = vmm_hot_up(st->allocation, pool, 1);
+    int64_t all_b = vmm_hot_up(st->allocated_bytes, pool, (int64_t)b->size);
+    vmm_hot_up(st->requested_bytes, pool, (int64_t)requested);
+    /* active (= allocation + pending) rises only here: its peaks */
+    vmm_peak_at(&st->active[pool + 1], st->allocation[pool + 1].current + a->pending[pool].current);
+    vmm_peak_at(&st->active[VMM_POOL_ALL], all_n + a->pending[0].current + a->pending[1].current);
+    vmm_peak_at(&st->active_bytes[pool + 1],
+                st->allocated_bytes[pool + 1].current + a->pending_bytes[pool].current);
+    vmm_peak_at(&st->active_bytes[VMM_POOL_ALL],
+                all_b + a->pending_bytes[0].current + a->pending_bytes[1].current);
     if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
         vmm_stat_add(&a->stats.oversize_allocations, 1);
     *bp = b;
     return VMM_OK;
 }
 
+int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requested, int fitted)
+{
+    return pool_take(a, bp, size, requested, fitted);
+}
+
+int vmm_pool_malloc_cached(vmm_allocator *a, size_t size, vmm_stream s, vmm_block **out,
+                           size_t *rounded, int *pool)
+{
+    /* one call for malloc's cached path: rounding, pool and best fit inline here */
+    size_t r = round_size(&a->cfg, size);
+    int p = pool_of(r);
+    vmm_block *b = best_fit(a, p, s, r);
+    *rounded = r;
+    *pool = p;
+    *out = NULL;
+    if (VMM_UNLIKELY(!b))
+        return VMM_OK;
+    int rc = pool_take(a, &b, r, size, 1);
+    if (rc == VMM_OK)
+        *out = b;
+    return rc;
+}
+
 /* Merge b (just freed, not indexed) into its one free neighbour `keep` (indexed), which stays in
  * its index slot with the merged key. Valid when no indexed key lies between keep's old key and the
  * merged one (which is larger: same stream, larger size); checked against keep's successor. Returns
- * 0 (nothing changed) when it would not be. Stats as erasing keep and inserting the merged block. */
+ * 0 (nothing changed) when it would not be. */
 static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
 {
     int pool = b->seg->pool;
@@ -423,8 +470,7 @@ static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
     const vmm_block *succ = vmm_tree_next(a->free_tree[pool], keep);
     if (succ && key_cmp(b->seg->stream, size, addr, succ) >= 0)
         return 0;
-    vmm_stat_down(a->stats.inactive_split, pool, 1);
-    vmm_stat_down(a->stats.inactive_split_bytes, pool, (int64_t)keep->size);
+    size_t old_size = keep->size;
     if (keep == b->next) {
         keep->addr = b->addr;
         keep->prev = b->prev;
@@ -442,9 +488,12 @@ static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
         keep->free_seq = b->free_seq;
     if (b->gc_stamp > keep->gc_stamp)
         keep->gc_stamp = b->gc_stamp;
+    /* keep was split (b is its neighbour): net stat change, as in carve_front */
     if (is_split(keep)) {
-        vmm_stat_up(a->stats.inactive_split, pool, 1);
-        vmm_stat_up(a->stats.inactive_split_bytes, pool, (int64_t)keep->size);
+        vmm_hot_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+    } else {
+        vmm_hot_down(a->stats.inactive_split, pool, 1);
+        vmm_hot_down(a->stats.inactive_split_bytes, pool, (int64_t)old_size);
     }
     vmm_block_delete(a, b);
     return 1;
@@ -453,9 +502,12 @@ static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
 void vmm_pool_release(vmm_allocator *a, vmm_block *b)
 {
     VMM_HISTORY(a, VMM_TRACE_FREE_COMPLETED, b->addr, b->size, b->seg->stream);
-    int pool = b->seg->pool;
-    vmm_stat_down(a->stats.active, pool, 1);
-    vmm_stat_down(a->stats.active_bytes, pool, (int64_t)b->size);
+    if (VMM_UNLIKELY(b->state == VMM_BLOCK_PENDING)) {
+        /* active is derived (allocation + pending): only a deferred free's end changes a counter */
+        int pool = b->seg->pool;
+        vmm_stat_add(&a->pending[pool], -1);
+        vmm_stat_add(&a->pending_bytes[pool], -(int64_t)b->size);
+    }
     b->state = VMM_BLOCK_FREE;
     b->n_uses = 0;
     b->gc_stamp = a->malloc_count;
@@ -505,15 +557,23 @@ int vmm_live_insert(vmm_allocator *a, vmm_block *b)
     return VMM_OK;
 }
 
-vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
+vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
 {
     if (!a->live_cap)
         return NULL;
     size_t mask = a->live_cap - 1;
     for (size_t i = live_hash(addr, mask); a->live[i]; i = (i + 1) & mask)
-        if (a->live[i]->addr == addr)
+        if (a->live[i]->addr == addr) {
+            *slot = i;
             return a->live[i];
+        }
     return NULL;
+}
+
+vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
+{
+    size_t slot;
+    return vmm_live_find_slot(a, addr, &slot);
 }
 
 void vmm_live_remove(vmm_allocator *a, vmm_block *b)
@@ -522,6 +582,12 @@ void vmm_live_remove(vmm_allocator *a, vmm_block *b)
     size_t i = live_hash(b->addr, mask);
     while (a->live[i] != b)
         i = (i + 1) & mask;
+    vmm_live_remove_at(a, i);
+}
+
+void vmm_live_remove_at(vmm_allocator *a, size_t i)
+{
+    size_t mask = a->live_cap - 1;
     a->live[i] = NULL;
     a->live_n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */

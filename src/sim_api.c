@@ -33,8 +33,10 @@ VMM_API int vmm_sim_stream_create(vmm_allocator *a, vmm_stream *out)
         a->cap_sim_streams = ncap;
     }
     int r = a->drv->ops->stream_create(a->drv, out);
-    if (r == VMM_DRV_SUCCESS)
+    if (r == VMM_DRV_SUCCESS) {
         a->sim_streams[a->n_sim_streams++] = *out;
+        vmm_stream_rec_revive(a, *out);
+    }
     vmm_unlock(a);
     return r ? vmm_fail_drv(r, "vmm_sim_stream_create") : VMM_OK;
 }

@@ -6,9 +6,44 @@
 
 /* vmm_stat_add / vmm_stat_update are inline in internal.h (hot path). */
 
-static void fill_stats(vmm_allocator *a, vmm_stats *out)
+/* The arrays the malloc / free path keeps only per pool (plus ALL's peak): see vmm_hot_up. */
+#define HOT_ARRAYS(X) X(allocation) X(allocated_bytes) X(requested_bytes) X(inactive_split) \
+    X(inactive_split_bytes)
+
+static void sum_pools(vmm_stat *st)
+{
+    st[VMM_POOL_ALL].current = st[VMM_POOL_SMALL].current + st[VMM_POOL_LARGE].current;
+    st[VMM_POOL_ALL].allocated = st[VMM_POOL_SMALL].allocated + st[VMM_POOL_LARGE].allocated;
+    st[VMM_POOL_ALL].freed = st[VMM_POOL_SMALL].freed + st[VMM_POOL_LARGE].freed;
+}
+
+/* active from allocation and pending: every allocation starts active, a direct free ends both at
+ * once, a deferred one moves the block from allocation to pending until it completes. So since the
+ * last cumulative reset active.freed = allocation.freed - deferrals + completions. */
+static void derive_active(vmm_stat *act, const vmm_stat *alloc, const vmm_stat *pend)
+{
+    for (int p = 0; p < VMM_NPOOLS; p++) {
+        vmm_stat *s = &act[p + 1];
+        s->current = alloc[p + 1].current + pend[p].current;
+        s->allocated = alloc[p + 1].allocated;
+        s->freed = alloc[p + 1].freed - pend[p].allocated + pend[p].freed;
+    }
+    sum_pools(act);
+}
+
+void vmm_stats_derive(const vmm_allocator *a, vmm_stats *out)
 {
     *out = a->stats;
+#define SUM_(f) sum_pools(out->f);
+    HOT_ARRAYS(SUM_)
+#undef SUM_
+    derive_active(out->active, out->allocation, a->pending);
+    derive_active(out->active_bytes, out->allocated_bytes, a->pending_bytes);
+}
+
+static void fill_stats(vmm_allocator *a, vmm_stats *out)
+{
+    vmm_stats_derive(a, out);
     out->metadata_bytes = vmm_meta_bytes(a->meta);
 }
 
@@ -44,12 +79,20 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
     if (!a)
         return vmm_fail(VMM_EINVAL, "vmm_reset_stats: allocator is NULL");
     vmm_lock(a);
-    vmm_stats *s = &a->stats;
+    vmm_stats *s = &a->stats, d;
+    vmm_stats_derive(a, &d);
+    /* peaks restart from the derived currents; the stored ones may be partial (vmm_hot_up) */
 #define RESET_ARRAY_(f)                                                                    \
-    for (int p = 0; p < VMM_POOL_COUNT; p++)                                              \
-        reset_stat(&s->f[p], cumulative);
+    for (int p = 0; p < VMM_POOL_COUNT; p++) {                                            \
+        reset_stat(&s->f[p], cumulative);                                                 \
+        s->f[p].peak = d.f[p].current;                                                    \
+    }
     STAT_ARRAYS(RESET_ARRAY_)
 #undef RESET_ARRAY_
+    for (int p = 0; p < VMM_NPOOLS; p++) {
+        reset_stat(&a->pending[p], cumulative);
+        reset_stat(&a->pending_bytes[p], cumulative);
+    }
 #define RESET_SINGLE_(f) reset_stat(&s->f, cumulative);
     STAT_SINGLES(RESET_SINGLE_)
 #undef RESET_SINGLE_
@@ -274,7 +317,9 @@ static int check_locked(vmm_allocator *a)
             if (a->fh[i].pool == p)
                 sm.v[p][S_RES] += (int64_t)a->fh[i].size;
     }
-    const vmm_stats *st = &a->stats;
+    vmm_stats derived;
+    vmm_stats_derive(a, &derived);
+    const vmm_stats *st = &derived;
     const vmm_stat *arr[10] = {st->allocation, st->allocated_bytes, st->requested_bytes, st->active,
                                st->active_bytes, st->inactive_split, st->inactive_split_bytes,
                                st->segment, st->mapped_bytes, st->reserved_bytes};
