@@ -437,25 +437,32 @@ VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
         rc = vmm_fail(VMM_EINVAL, "vmm_record_stream: stream %p was destroyed", stream);
     } else if (stream != b->seg->stream) {
         uint32_t i = 0;
-        while (i < b->n_uses && b->uses[i] != stream)
+        while (i < b->n_uses && b->ext->uses[i] != stream)
             i++;
         if (i == b->n_uses) {
-            if (b->n_uses == b->cap_uses) {
-                uint32_t ncap = b->cap_uses ? b->cap_uses * 2 : 2;
+            if (!b->ext) {
+                /* first record_stream of this record: its side record, kept until it is deleted */
+                b->ext = vmm_meta_alloc(a->meta, sizeof *b->ext);
+                if (!b->ext)
+                    rc = vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
+            }
+            if (rc == VMM_OK && b->n_uses == b->ext->cap_uses) {
+                vmm_block_ext *x = b->ext;
+                uint32_t ncap = x->cap_uses ? x->cap_uses * 2 : 2;
                 vmm_stream *nu = vmm_meta_alloc(a->meta, ncap * sizeof *nu);
                 if (!nu) {
                     rc = vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
                 } else {
                     for (uint32_t k = 0; k < b->n_uses; k++)
-                        nu[k] = b->uses[k];
-                    if (b->uses)
-                        vmm_meta_free(a->meta, b->uses, b->cap_uses * sizeof *nu);
-                    b->uses = nu;
-                    b->cap_uses = ncap;
+                        nu[k] = x->uses[k];
+                    if (x->uses)
+                        vmm_meta_free(a->meta, x->uses, x->cap_uses * sizeof *nu);
+                    x->uses = nu;
+                    x->cap_uses = ncap;
                 }
             }
             if (rc == VMM_OK)
-                b->uses[b->n_uses++] = stream;
+                b->ext->uses[b->n_uses++] = stream;
         }
     }
     vmm_unlock(a);

@@ -76,7 +76,7 @@ int vmm_defer_free(vmm_allocator *a, vmm_block *b)
         rc = vmm_event_get(a, &evs[n]);
         if (rc)
             break;
-        int r = a->drv->ops->event_record(a->drv, evs[n], b->uses[n]);
+        int r = a->drv->ops->event_record(a->drv, evs[n], b->ext->uses[n]);
         if (r) {
             vmm_event_put(a, evs[n]);
             rc = vmm_fail_drv(r, "vmm_free: event_record");
@@ -90,8 +90,8 @@ int vmm_defer_free(vmm_allocator *a, vmm_block *b)
         vmm_meta_free(a->meta, evs, b->n_uses * sizeof *evs);
         return rc;
     }
-    b->events = evs;
-    b->n_events = b->cap_events = n;
+    b->ext->events = evs;
+    b->ext->n_events = b->ext->cap_events = n;
     b->state = VMM_BLOCK_PENDING;
     b->dprev = NULL;
     b->dnext = a->deferred;
@@ -105,8 +105,8 @@ int vmm_defer_free(vmm_allocator *a, vmm_block *b)
 /* Drop completed events from the front of b's list; 1 when none is left. */
 static int block_events_done(vmm_allocator *a, vmm_block *b, int wait)
 {
-    while (b->n_events) {
-        vmm_event e = b->events[b->n_events - 1];
+    while (b->ext->n_events) {
+        vmm_event e = b->ext->events[b->ext->n_events - 1];
         if (wait) {
             a->stats.num_event_waits++;
             if (a->drv->ops->event_sync(a->drv, e) != VMM_DRV_SUCCESS)
@@ -115,7 +115,7 @@ static int block_events_done(vmm_allocator *a, vmm_block *b, int wait)
             return 0; /* NOT_READY, or a failed query: try again later */
         }
         vmm_event_put(a, e);
-        b->n_events--;
+        b->ext->n_events--;
     }
     return 1;
 }
@@ -128,9 +128,9 @@ static size_t deferred_scan(vmm_allocator *a, int wait)
         vmm_block *next = b->dnext;
         if (block_events_done(a, b, wait)) {
             deferred_unlink(a, b);
-            vmm_meta_free(a->meta, b->events, b->cap_events * sizeof *b->events);
-            b->events = NULL;
-            b->cap_events = 0;
+            vmm_meta_free(a->meta, b->ext->events, b->ext->cap_events * sizeof *b->ext->events);
+            b->ext->events = NULL;
+            b->ext->cap_events = 0;
             vmm_pool_release(a, b);
             n++;
         }
@@ -242,8 +242,8 @@ void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s)
     for (size_t i = 0; i < a->live_cap; i++) {
         vmm_block *b = a->live[i];
         for (uint32_t k = 0; b && k < b->n_uses;) {
-            if (b->uses[k] == s)
-                b->uses[k] = b->uses[--b->n_uses];
+            if (b->ext->uses[k] == s)
+                b->ext->uses[k] = b->ext->uses[--b->n_uses];
             else
                 k++;
         }
@@ -263,12 +263,12 @@ void vmm_events_shutdown(vmm_allocator *a)
     while (a->deferred) {
         /* events that could not be waited on: give the blocks back regardless */
         vmm_block *b = a->deferred;
-        while (b->n_events)
-            vmm_event_put(a, b->events[--b->n_events]);
+        while (b->ext->n_events)
+            vmm_event_put(a, b->ext->events[--b->ext->n_events]);
         deferred_unlink(a, b);
-        vmm_meta_free(a->meta, b->events, b->cap_events * sizeof *b->events);
-        b->events = NULL;
-        b->cap_events = 0;
+        vmm_meta_free(a->meta, b->ext->events, b->ext->cap_events * sizeof *b->ext->events);
+        b->ext->events = NULL;
+        b->ext->cap_events = 0;
         vmm_pool_release(a, b);
     }
     for (vmm_stream_rec *r = a->streams; r; r = r->next)

@@ -109,25 +109,40 @@ typedef struct vmm_block vmm_block;
 typedef struct vmm_segment vmm_segment;
 typedef struct vmm_stream_rec vmm_stream_rec;
 
+/* record_stream bookkeeping, allocated on the first record_stream of a block: most blocks never
+ * need it, and keeping it out of vmm_block keeps the record at one 128-byte size class. */
+typedef struct vmm_block_ext {
+    vmm_stream *uses;          /* record_stream streams other than the block's own */
+    vmm_event *events;         /* pending: one event per used stream */
+    uint32_t cap_uses;
+    uint32_t n_events, cap_events;
+} vmm_block_ext;
+
+/* Field order matters: the best-fit walk and the malloc / free pair touch the first 64 bytes
+ * (treap key and links, state, n_uses, prev); the second line holds the rest. */
 struct vmm_block {
     uintptr_t addr;
     size_t size;
-    size_t requested;          /* bytes asked for (allocated / pending blocks) */
     vmm_segment *seg;
-    vmm_block *prev, *next;    /* address neighbours inside the segment */
     vmm_block *left, *right;   /* free-index treap children */
     uint32_t prio;             /* treap priority */
     uint8_t state;             /* vmm_block_state */
     uint8_t in_index;          /* 1 while in a free / unmapped treap */
+    uint32_t n_uses;           /* streams in ext->uses (0 when ext is NULL) */
+    vmm_block *prev;           /* address neighbours inside the segment */
+    /* ---- second cache line ---- */
+    vmm_block *next;
+    size_t requested;          /* bytes asked for (allocated / pending blocks) */
     uint64_t free_seq;         /* own stream's free sequence number when last freed */
     uint64_t gc_stamp;         /* allocator malloc count when freed (garbage collection age) */
-    vmm_stream *uses;          /* record_stream streams other than the block's own */
-    uint32_t n_uses, cap_uses;
-    vmm_event *events;         /* pending: one event per used stream */
-    uint32_t n_events, cap_events;
+    vmm_block_ext *ext;        /* record_stream uses and pending events; NULL until needed */
     vmm_block *dprev, *dnext;  /* deferred list links */
     struct vmm_group *group;   /* fused buffers of vmm_malloc_group (group.c); NULL otherwise */
 };
+
+/* 128 bytes is a jemalloc size class whose regions are 128-aligned, so the hot first half of a
+ * record is one cache line (at 144 bytes, the 160 class straddled lines in every other record). */
+_Static_assert(sizeof(struct vmm_block) == 128, "vmm_block: keep the record at 128 bytes");
 
 struct vmm_segment {
     uintptr_t base;            /* VA reservation (expandable) or mem_alloc pointer (classic) */
@@ -165,6 +180,16 @@ typedef struct vmm_free_handle {
     int pool;                  /* pool its bytes are counted in (where it was last mapped) */
 } vmm_free_handle;
 
+/* A page whose rollback unmap failed (segment.c): the driver still maps handle h at va while the
+ * page table says unmapped. The handle stays out of the cache and the VA out of use until an
+ * unmap succeeds; its bytes stay reserved in `pool`. */
+typedef struct vmm_quarantined {
+    uintptr_t va;
+    size_t size;
+    vmm_phys h;
+    int pool;
+} vmm_quarantined;
+
 struct vmm_allocator {
     _Atomic int lock;                  /* vmm_lock: 0 free, 1 held, 2 held with sleepers */
     vmm_config cfg;
@@ -184,6 +209,8 @@ struct vmm_allocator {
     vmm_free_handle *fh;               /* per-device cache of unmapped physical handles */
     size_t n_fh, cap_fh;
     size_t n_handles;                  /* physical handles created and not released */
+    vmm_quarantined *quar;             /* pages still mapped after a failed rollback unmap */
+    size_t n_quar, cap_quar;
     vmm_event *ev_pool;                /* idle events */
     size_t n_ev_pool, cap_ev_pool;
     size_t n_events;                   /* events created and not destroyed */
@@ -373,6 +400,8 @@ size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, i
 void vmm_seg_destroy_all(vmm_allocator *a);
 /* Sum of bytes of cached handles, per pool (for stats checks). */
 size_t vmm_handles_bytes(const vmm_allocator *a, int pool);
+/* Quarantine entry (see vmm_quarantined) covering va, NULL when none (vmm_check). */
+const vmm_quarantined *vmm_quarantine_find(const vmm_allocator *a, uintptr_t va);
 
 /* ---- pinned.c ----------------------------------------------------------------------------- */
 

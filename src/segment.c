@@ -5,6 +5,7 @@
  * mapped again wherever a request needs them, so physical memory moves and data never does.
  * Classic segments are mem_alloc (cuMemAlloc) allocations as in PyTorch's caching allocator.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -141,12 +142,81 @@ static int unmap_page(vmm_allocator *a, uintptr_t va, size_t ps, int tries)
     return r;
 }
 
+/* ---- quarantine of pages whose rollback unmap failed ---------------------------------------- */
+
+/* Such a page's handle is still mapped: caching it would let it be mapped elsewhere too, and its
+ * VA cannot be mapped again. It waits here (bytes still reserved) until an unmap succeeds. */
+
+const vmm_quarantined *vmm_quarantine_find(const vmm_allocator *a, uintptr_t va)
+{
+    for (size_t i = 0; i < a->n_quar; i++)
+        if (va >= a->quar[i].va && va - a->quar[i].va < a->quar[i].size)
+            return &a->quar[i];
+    return NULL;
+}
+
+/* Entries overlapping [va, va + size). */
+static int quar_overlaps(const vmm_allocator *a, uintptr_t va, size_t size)
+{
+    for (size_t i = 0; i < a->n_quar; i++)
+        if (a->quar[i].va < va + size && va < a->quar[i].va + a->quar[i].size)
+            return 1;
+    return 0;
+}
+
+/* Room for `total` entries, made before a growth maps anything so that a rollback cannot fail. */
+static int quar_reserve(vmm_allocator *a, size_t total)
+{
+    if (total <= a->cap_quar)
+        return VMM_OK;
+    size_t ncap = a->cap_quar ? a->cap_quar : 8;
+    while (ncap < total)
+        ncap *= 2;
+    vmm_quarantined *n = vmm_meta_alloc(a->meta, ncap * sizeof *n);
+    if (!n)
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for the unmap quarantine");
+    for (size_t i = 0; i < a->n_quar; i++)
+        n[i] = a->quar[i];
+    if (a->quar)
+        vmm_meta_free(a->meta, a->quar, a->cap_quar * sizeof *n);
+    a->quar = n;
+    a->cap_quar = ncap;
+    return VMM_OK;
+}
+
+/* Retry the unmaps; pages that come free return their handle to the cache. `report`: name the
+ * first failure in the thread's last error. Returns the entries left. */
+static size_t quar_retry(vmm_allocator *a, int tries, int report)
+{
+    if (!a->n_quar || fh_reserve(a, a->n_handles) != VMM_OK)
+        return a->n_quar;
+    for (size_t i = a->n_quar; i-- > 0;) {
+        vmm_quarantined q = a->quar[i];
+        int r = unmap_page(a, q.va, q.size, tries);
+        if (r) {
+            if (report)
+                vmm_fail_drv(r, "mem_unmap (quarantined page)");
+            report = 0;
+            continue;
+        }
+        fh_put(a, q.h, q.size, q.pool);
+        a->quar[i] = a->quar[--a->n_quar];
+    }
+    return a->n_quar;
+}
+
 /* Map pages [p0, p0 + n) of seg with cached or new handles and one set_access call.
- * On failure nothing is mapped; handles created on the way stay cached. */
+ * On failure nothing is mapped as far as the page table knows; handles created on the way stay
+ * cached, and pages the driver would not unmap go to the quarantine with their handles. */
 static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages)
 {
     const vmm_driver_ops *ops = a->drv->ops;
     size_t ps = seg->page_size;
+    if (quar_overlaps(a, seg->base + p0 * ps, n * ps))
+        return vmm_fail(VMM_EDRIVER, "pages at 0x%llx are still mapped after a failed unmap",
+                        (unsigned long long)(seg->base + p0 * ps));
+    if (quar_reserve(a, a->n_quar + n) != VMM_OK)
+        return VMM_EHOSTMEM;
     size_t cached = fh_count(a, ps);
     if (cached < n) {
         size_t want = (n - cached) * ps;
@@ -197,12 +267,13 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
             rc = vmm_fail_drv(r, "set_access");
     }
     if (rc != VMM_OK) {
-        while (mapped > 0) {
-            mapped--;
-            unmap_page(a, seg->base + (p0 + mapped) * ps, ps, UNMAP_TRIES);
+        for (size_t k = 0; k < got; k++) {
+            uintptr_t va = seg->base + (p0 + k) * ps;
+            if (k < mapped && unmap_page(a, va, ps, UNMAP_TRIES) != VMM_DRV_SUCCESS)
+                a->quar[a->n_quar++] = (vmm_quarantined){va, ps, hs[k], seg->pool};
+            else
+                fh_put(a, hs[k], ps, seg->pool);
         }
-        for (size_t k = 0; k < got; k++)
-            fh_put(a, hs[k], ps, seg->pool);
         vmm_meta_free(a->meta, hs, n * sizeof *hs);
         return rc;
     }
@@ -321,6 +392,7 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
 {
     size_t ps = a->page_size[pool];
     size_t best_need;
+    quar_retry(a, 1, 0);
     vmm_block *best = grow_target(a, sr, pool, size, &best_need);
     /* Growth past the high-water mark of reserved bytes takes idle pages first (see recycle_idle) */
     size_t cached = fh_count(a, ps), pages = best_need / ps;
@@ -514,6 +586,7 @@ static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_b
 size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
 {
     size_t got = 0;
+    quar_retry(a, 1, 0); /* silent: the OOM path calls this; empty_cache reports below */
     for (int pool = 0; pool < VMM_NPOOLS && got < want; pool++) {
         vmm_block *b = vmm_tree_lower_bound(a->free_tree[pool], NULL, 0, 0);
         while (b && got < want) {
@@ -537,11 +610,13 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
 
 void vmm_seg_free_empty(vmm_allocator *a)
 {
+    quar_retry(a, 1, 1);
     vmm_segment *s = a->segs;
     while (s) {
         vmm_segment *next = s->next;
         vmm_block *b = s->first;
-        if (s->expandable && b->state == VMM_BLOCK_UNMAPPED && !b->next) {
+        if (s->expandable && b->state == VMM_BLOCK_UNMAPPED && !b->next &&
+            !quar_overlaps(a, s->base, s->size)) {
             int r = a->drv->ops->va_free(a->drv, s->base, s->size);
             if (r) {
                 vmm_fail_drv(r, "va_free");
@@ -653,6 +728,18 @@ size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, i
 void vmm_seg_destroy_all(vmm_allocator *a)
 {
     const vmm_driver_ops *ops = a->drv->ops;
+    if (quar_retry(a, UNMAP_TRIES, 1)) {
+        fprintf(stderr, "vmmalloc: vmm_destroy: %zu quarantined page(s) could not be unmapped; "
+                        "releasing their handles anyway\n", a->n_quar);
+        while (a->n_quar) {
+            ops->mem_release(a->drv, a->quar[--a->n_quar].h);
+            a->n_handles--;
+        }
+    }
+    if (a->quar)
+        vmm_meta_free(a->meta, a->quar, a->cap_quar * sizeof *a->quar);
+    a->quar = NULL;
+    a->cap_quar = 0;
     while (a->segs) {
         vmm_segment *s = a->segs;
         vmm_block *b = s->first;

@@ -278,9 +278,16 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
         if (want != (s->pages[pg] != 0))
             return bad(want ? "page under a block is not mapped" : "page of an unmapped block is mapped",
                        va);
+        /* a quarantined page (failed rollback unmap) is unmapped in the page table but still
+         * mapped in the driver, with the handle recorded in the quarantine */
+        const vmm_quarantined *q = vmm_quarantine_find(a, va);
+        if (q && want)
+            return bad("a quarantined page lies under a block in use", va);
         vmm_phys h = 0;
         int r = a->drv->ops->lookup_mapping(a->drv, va, &h);
-        if (want ? (r != VMM_DRV_SUCCESS || h != s->pages[pg]) : (r == VMM_DRV_SUCCESS && h != 0))
+        int ok = want ? r == VMM_DRV_SUCCESS && h == s->pages[pg]
+                      : q ? r == VMM_DRV_SUCCESS && h == q->h : r != VMM_DRV_SUCCESS || h == 0;
+        if (!ok)
             return bad("the driver's mapping differs from the page table", va);
         mapped += want;
     }
@@ -316,6 +323,9 @@ static int check_locked(vmm_allocator *a)
         for (size_t i = 0; i < a->n_fh; i++)
             if (a->fh[i].pool == p)
                 sm.v[p][S_RES] += (int64_t)a->fh[i].size;
+        for (size_t i = 0; i < a->n_quar; i++)
+            if (a->quar[i].pool == p)
+                sm.v[p][S_RES] += (int64_t)a->quar[i].size;
     }
     vmm_stats derived;
     vmm_stats_derive(a, &derived);
@@ -336,7 +346,7 @@ static int check_locked(vmm_allocator *a)
         if (arr[k][0].current != arr[k][1].current + arr[k][2].current)
             return vmm_fail(VMM_ECORRUPT, "vmm_check: stat %s.all is not the sum of the pools", names[k]);
     }
-    size_t nh = a->n_fh;
+    size_t nh = a->n_fh + a->n_quar;
     for (vmm_segment *s = a->segs; s; s = s->next)
         nh += s->expandable ? s->mapped_pages : 0;
     if (nh != a->n_handles)
