@@ -13,14 +13,6 @@
 
 static const char *conf = "driver:sim,sim_capacity:96M,sim_backed:true";
 
-static vmm_stats stats_of(vmm_allocator *a)
-{
-    vmm_stats s;
-    memset(&s, 0, sizeof s);
-    CHECK_OK(vmm_get_stats(a, &s));
-    return s;
-}
-
 /* A block freed after its stream was destroyed: the stream's work has run, so its pages must be
  * reusable by another stream (no fence can be recorded on a destroyed stream). */
 static void test_free_after_stream_destroy(void)
@@ -43,7 +35,7 @@ static void test_free_after_stream_destroy(void)
     CHECK_OK(vmm_free(a, q));
     CHECK_OK(vmm_empty_cache(a));
     CHECK_OK(vmm_check(a));
-    CHECK_EQ(stats_of(a).reserved_bytes[0].current, 0);
+    CHECK_EQ(vmm_test_stats(a).reserved_bytes[0].current, 0);
     vmm_destroy(a);
 }
 
@@ -62,7 +54,7 @@ static void test_record_stream_then_destroy(void)
     CHECK_OK(vmm_check(a));
     CHECK_OK(vmm_free(a, p));
     CHECK_OK(vmm_check(a));
-    vmm_stats st = stats_of(a);
+    vmm_stats st = vmm_test_stats(a);
     CHECK_EQ(st.allocated_bytes[0].current, 0);
     CHECK_EQ(st.active_bytes[0].current, 0);
     /* record_stream naming the destroyed stream is refused; the block stays freeable */
@@ -71,7 +63,7 @@ static void test_record_stream_then_destroy(void)
     CHECK_OK(vmm_check(a));
     CHECK_OK(vmm_free(a, p));
     CHECK_OK(vmm_check(a));
-    CHECK_EQ(stats_of(a).active_bytes[0].current, 0);
+    CHECK_EQ(vmm_test_stats(a).active_bytes[0].current, 0);
     /* a stream created later (perhaps at the same address) is tracked afresh */
     vmm_stream s2 = NULL;
     CHECK_OK(vmm_sim_stream_create(a, &s2));
@@ -94,13 +86,13 @@ static void test_growth_failures(void)
             CHECK_OK(vmm_create(conf, &a));
             void *keep = NULL, *p = NULL;
             CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &keep));
-            vmm_stats before = stats_of(a);
+            vmm_stats before = vmm_test_stats(a);
             CHECK_OK(vmm_sim_fail_nth(a, kinds[k], nth));
             int rc = vmm_malloc(a, 10 * MiB, NULL, &p);
             CHECK_OK(vmm_check(a));
             if (rc) {
                 CHECK(p == NULL);
-                vmm_stats st = stats_of(a);
+                vmm_stats st = vmm_test_stats(a);
                 CHECK_EQ(st.allocated_bytes[0].current, before.allocated_bytes[0].current);
                 CHECK_EQ(st.mapped_bytes[0].current, before.mapped_bytes[0].current);
             } else {
@@ -113,7 +105,7 @@ static void test_growth_failures(void)
             CHECK_OK(vmm_free(a, keep));
             CHECK_OK(vmm_empty_cache(a));
             CHECK_OK(vmm_check(a));
-            vmm_stats st = stats_of(a);
+            vmm_stats st = vmm_test_stats(a);
             CHECK_EQ(st.reserved_bytes[0].current, 0);
             CHECK_EQ(st.mapped_bytes[0].current, 0);
             vmm_destroy(a);
@@ -138,14 +130,14 @@ static void test_defer_free_failure(void)
     CHECK_OK(vmm_sim_fail_nth(a, VMM_SIM_CALL_EVENT_RECORD, 2));
     CHECK(vmm_free(a, p) != VMM_OK);
     CHECK_OK(vmm_check(a));
-    CHECK_EQ(stats_of(a).allocation[0].current, 1);
+    CHECK_EQ(vmm_test_stats(a).allocation[0].current, 1);
     CHECK_OK(vmm_free(a, p));
     CHECK_OK(vmm_check(a));
     CHECK_OK(vmm_sim_synchronize(a));
     void *q = NULL;
     CHECK_OK(vmm_malloc(a, 1 * MiB, NULL, &q)); /* processes the deferred free */
     CHECK_OK(vmm_check(a));
-    CHECK_EQ(stats_of(a).active[0].current, 1);
+    CHECK_EQ(vmm_test_stats(a).active[0].current, 1);
     CHECK_OK(vmm_free(a, q));
     CHECK_OK(vmm_sim_stream_destroy(a, s1));
     CHECK_OK(vmm_sim_stream_destroy(a, s2));
@@ -176,14 +168,14 @@ static void test_empty_cache_failures(void)
             CHECK_OK(vmm_sim_fail_nth(a, kinds[k], 0));
             CHECK_OK(vmm_empty_cache(a));
             CHECK_OK(vmm_check(a));
-            vmm_stats st = stats_of(a);
+            vmm_stats st = vmm_test_stats(a);
             /* only the page under the live 1 MiB block stays */
             CHECK_EQ(st.mapped_bytes[0].current, 2 * MiB);
             CHECK_EQ(st.reserved_bytes[0].current, 2 * MiB);
             CHECK_OK(vmm_free(a, q));
             CHECK_OK(vmm_empty_cache(a));
             CHECK_OK(vmm_check(a));
-            st = stats_of(a);
+            st = vmm_test_stats(a);
             CHECK_EQ(st.reserved_bytes[0].current, 0);
             CHECK_EQ(st.segment[0].current, 0);
             vmm_destroy(a);
@@ -206,7 +198,7 @@ static void test_group_size_overflow(void)
     if (rc == VMM_OK)
         CHECK_OK(vmm_free(a, ptrs[0]));
     CHECK_OK(vmm_check(a));
-    CHECK_EQ(stats_of(a).allocation[0].current, 0);
+    CHECK_EQ(vmm_test_stats(a).allocation[0].current, 0);
     vmm_destroy(a);
 }
 

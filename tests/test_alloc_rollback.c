@@ -13,14 +13,6 @@
 
 static const char *conf = "driver:sim,sim_capacity:96M,sim_backed:true";
 
-static vmm_stats stats_of(vmm_allocator *a)
-{
-    vmm_stats s;
-    memset(&s, 0, sizeof s);
-    CHECK_OK(vmm_get_stats(a, &s));
-    return s;
-}
-
 static void check_no_leak(const vmm_sim_counters *base)
 {
     vmm_sim_counters g;
@@ -38,7 +30,7 @@ static vmm_allocator *fail_growth(void **keep, vmm_stats *before, uint64_t seed)
     CHECK_OK(vmm_create(conf, &a));
     CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, keep));
     CHECK_OK(vmm_check(a));
-    *before = stats_of(a);
+    *before = vmm_test_stats(a);
     CHECK_OK(vmm_sim_fail_nth(a, VMM_SIM_CALL_SET_ACCESS, 1));
     CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_MEM_UNMAP, 1.0, seed));
     void *p = NULL;
@@ -58,7 +50,7 @@ static void test_quarantine_then_recover(void)
     void *keep = NULL, *p = NULL, *q = NULL;
     vmm_stats before;
     vmm_allocator *a = fail_growth(&keep, &before, 7);
-    vmm_stats st = stats_of(a);
+    vmm_stats st = vmm_test_stats(a);
     CHECK_EQ(st.allocated_bytes[0].current, before.allocated_bytes[0].current);
     CHECK_EQ(st.mapped_bytes[0].current, before.mapped_bytes[0].current);
     /* the handles still mapped stay reserved */
@@ -94,7 +86,7 @@ static void test_quarantine_then_recover(void)
     CHECK_OK(vmm_check(a));
     CHECK_OK(vmm_empty_cache(a));
     CHECK_OK(vmm_check(a));
-    st = stats_of(a);
+    st = vmm_test_stats(a);
     CHECK_EQ(st.reserved_bytes[0].current, 0);
     CHECK_EQ(st.mapped_bytes[0].current, 0);
     CHECK_OK(vmm_sim_get_counters(a, &c));
@@ -116,7 +108,7 @@ static void test_empty_cache_recovers(void)
     CHECK_OK(vmm_free(a, keep));
     CHECK_OK(vmm_empty_cache(a));
     CHECK_OK(vmm_check(a));
-    vmm_stats st = stats_of(a);
+    vmm_stats st = vmm_test_stats(a);
     CHECK_EQ(st.reserved_bytes[0].current, 0);
     CHECK_EQ(st.segment[0].current, 0);
     vmm_sim_counters c;

@@ -299,15 +299,7 @@ static void test_destroy_live(void)
     for (int i = 0; i < 10; i++)
         get(a, (size_t)(i + 1) * 700 * 1024);
     vmm_destroy(a);
-    vmm_sim_counters g;
-    vmm_sim_global_live(&g);
-    CHECK_EQ(g.phys_bytes, 0);
-    CHECK_EQ(g.live_handles, 0);
-    CHECK_EQ(g.mapped_bytes, 0);
-    CHECK_EQ(g.reserved_va_bytes, 0);
-    CHECK_EQ(g.live_classic_allocs, 0);
-    CHECK_EQ(g.live_events, 0);
-    CHECK_EQ(g.live_streams, 0);
+    vmm_test_check_no_sim_leaks();
 }
 
 int main(void)

@@ -374,14 +374,7 @@ static void test_global_live(void)
     CHECK_EQ(b->ops->mem_free(b, p), VMM_DRV_SUCCESS);
     a->ops->close(a);
     b->ops->close(b);
-    vmm_sim_global_live(&g);
-    CHECK_EQ(g.phys_bytes, 0);
-    CHECK_EQ(g.live_handles, 0);
-    CHECK_EQ(g.mapped_bytes, 0);
-    CHECK_EQ(g.reserved_va_bytes, 0);
-    CHECK_EQ(g.live_classic_allocs, 0);
-    CHECK_EQ(g.live_streams, 0);
-    CHECK_EQ(g.live_events, 0);
+    vmm_test_check_no_sim_leaks();
 }
 
 int main(void)

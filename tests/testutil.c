@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "vmmalloc.h"
+#include "vmmalloc_sim.h"
 
 int vmm_test_failures;
 
@@ -75,4 +76,17 @@ const char *vmm_test_python(void)
     if (access("/usr/bin/python3", X_OK) == 0)
         return "/usr/bin/python3";
     return system("command -v python3 >/dev/null 2>&1") == 0 ? "python3" : NULL;
+}
+
+void vmm_test_check_no_sim_leaks(void)
+{
+    vmm_sim_counters g;
+    vmm_sim_global_live(&g);
+    CHECK_EQ(g.phys_bytes, 0);
+    CHECK_EQ(g.live_handles, 0);
+    CHECK_EQ(g.mapped_bytes, 0);
+    CHECK_EQ(g.reserved_va_bytes, 0);
+    CHECK_EQ(g.live_classic_allocs, 0);
+    CHECK_EQ(g.live_streams, 0);
+    CHECK_EQ(g.live_events, 0);
 }

@@ -66,6 +66,9 @@ int vmm_test_intact(const void *p, size_t n, unsigned seed, size_t stride);
 
 /* vmm_get_stats into a zeroed struct (a failure is counted as a CHECK failure). */
 vmm_stats vmm_test_stats(vmm_allocator *a);
+/* CHECK that no simulated device in the process holds anything any more (vmm_sim_global_live all
+ * zero: physical bytes, handles, mappings, VA, classic allocations, streams, events). */
+void vmm_test_check_no_sim_leaks(void);
 
 /* A simulated kernel that holds its stream until the test opens the gate: launch
  * vmm_test_gate_wait with a vmm_test_gate (zero-initialised); it sets done when it ends. */
