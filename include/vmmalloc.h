@@ -98,13 +98,35 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  * Free a pointer returned by vmm_malloc. The memory is reused on its allocation stream at once
  * (stream order makes that safe) and on other streams only after every stream recorded with
  * vmm_record_stream has finished the work queued before this free. NULL is a no-op.
- * Returns VMM_OK or VMM_EBADPTR (never returned, interior pointer, double free).
+ * Returns VMM_OK, VMM_EBADPTR (never returned, interior pointer, double free) or VMM_EINVAL (a is
+ * NULL): nothing else, so callers that cannot retry (PyTorch's free hook) never leak a block. The
+ * events a free records were taken by vmm_record_stream; one that could not be had or recorded
+ * is recorded later (the block waits for it, never the caller), and waits that cannot have an
+ * event at all synchronize the used stream (counted in num_event_waits).
  */
 VMM_API int vmm_free(vmm_allocator *a, void *ptr);
 
 /* Mark the block at ptr as used by `stream` (besides its allocation stream), so a later free waits
- * for work queued on `stream` up to that free. Returns VMM_OK or VMM_EBADPTR. */
+ * for work queued on `stream` up to that free. `stream` may belong to another device (the event
+ * is made in the stream's context). The event the free will record is prepared here; when it
+ * cannot be, the use is still recorded and the free falls back (see vmm_free), so the use is never
+ * lost. Returns VMM_OK, VMM_EBADPTR, VMM_EINVAL (a stream destroyed through vmm_sim_stream_destroy),
+ * VMM_EHOSTMEM (no host memory to record the use: nothing changed). */
 VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream);
+
+/*
+ * Let kernels on device `peer` read and write every expandable-segment block of this allocator,
+ * those mapped already and those mapped later (cuMemSetAccess for the device and each such peer,
+ * as PyTorch's expandable segments do for the peers it enables). The peer_access config key sets
+ * the initial peers (default all: every device the driver says can access this one). Memory of
+ * classic segments (expandable_segments:false) follows CUDA's peer rules for cuMemAlloc memory
+ * (cuCtxEnablePeerAccess), which this call does not touch. Enabling the own device or a peer
+ * enabled before is a no-op. Thread safe.
+ * Returns VMM_OK; VMM_ENOTSUP when the peer cannot access this device (cuDeviceCanAccessPeer) or
+ * the driver has no peers (sim); VMM_ENODEV for no such device; VMM_EDRIVER when granting failed
+ * (mapped memory may then be reachable from the peer only in part: call again).
+ */
+VMM_API int vmm_enable_peer_access(vmm_allocator *a, int peer);
 
 /* Return all cached memory that no pending event guards (unmapped pages, their handles, whole free
  * classic segments) to the driver, without synchronizing. Returns VMM_OK or VMM_EDRIVER. */
@@ -143,7 +165,9 @@ typedef struct vmm_stats {
     int64_t num_sync_all_streams;
     int64_t num_device_alloc;                     /* cuMemCreate / cuMemAlloc calls */
     int64_t num_device_free;                      /* cuMemRelease / cuMemFree calls */
-    int64_t num_event_waits;                      /* blocking waits on a guarding event */
+    int64_t num_event_waits;                      /* blocking waits on a guarding event, or on a
+                                                     used stream (stream sync) where no event could
+                                                     be recorded for a freed block */
     int64_t num_pages_mapped;
     int64_t num_pages_unmapped;
     int64_t num_pages_remapped;                   /* cached handles mapped again elsewhere */
@@ -204,7 +228,9 @@ VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, 
 
 /* Free a block from vmm_pinned_malloc. It becomes reusable once the work queued so far on its
  * streams has run. NULL is a no-op. Returns VMM_OK, VMM_EBADPTR (unknown, interior or already freed
- * pointer), VMM_EDRIVER (an event could not be recorded: the block stays allocated). */
+ * pointer) or VMM_EINVAL (a is NULL), nothing else: the events it records were taken when the uses
+ * were (vmm_pinned_malloc, vmm_pinned_record_stream), and one that could not be had or recorded
+ * is recorded by a later poll; the block is not reused before. */
 VMM_API int vmm_pinned_free(vmm_allocator *a, void *ptr);
 
 /* Mark the block at ptr as used by `stream` too, so its reuse also waits for that stream's work
@@ -230,7 +256,7 @@ typedef struct vmm_pinned_stats {
     int64_t num_host_alloc;     /* cuMemHostAlloc calls that succeeded */
     int64_t num_host_free;      /* cuMemFreeHost calls that succeeded */
     int64_t num_reuses;         /* mallocs served from the cache */
-    int64_t num_event_waits;    /* blocking event waits (vmm_destroy only) */
+    int64_t num_event_waits;    /* blocking event (or, with no event, stream) waits; vmm_destroy only */
     int64_t num_events;         /* events created and not destroyed */
 } vmm_pinned_stats;
 
@@ -310,8 +336,11 @@ VMM_API void vmm_torch_shutdown(void);
  *
  * History: a ring of the allocator's last events (what PyTorch calls the trace), kept while
  * vmm_record_history is on. Each entry has an action, an address, a size, a stream and a time in
- * microseconds since vmm_create (monotonic clock). When the ring is full the oldest entry goes.
- * Recording costs one branch per event while off, a copy of 40 bytes while on.
+ * microseconds since the epoch (as PyTorch's time_us; read from the monotonic clock plus an offset
+ * taken once per process, so times never go back). When the ring is full the oldest entry goes.
+ * Recording costs one branch per event while off, a copy of 40 bytes while on. With
+ * vmm_record_history_ex it can also keep the call stack of each event (native return addresses,
+ * Python frames), shown as "frames" in snapshots; docs/snapshots.md gives the measured cost.
  *
  * Snapshot: vmm_snapshot_pickle writes the allocator's segments and blocks with their states, and
  * the history, in the format of PyTorch's torch.cuda.memory._snapshot() pickled by
@@ -340,7 +369,7 @@ typedef struct vmm_trace_entry {
     uintptr_t addr;
     size_t size;
     vmm_stream stream;
-    uint64_t time_us;         /* since vmm_create */
+    uint64_t time_us;         /* microseconds since the epoch */
 } vmm_trace_entry;
 
 /* PyTorch's name of a trace action ("alloc", "free_requested", "segment_map", ...); "unknown" for a
@@ -348,8 +377,39 @@ typedef struct vmm_trace_entry {
 VMM_API const char *vmm_trace_action_name(int action);
 
 /* Keep the last max_entries events from now on (0 stops recording and drops the ring). Changing the
- * size keeps the newest entries that fit. Returns VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
+ * size keeps the newest entries that fit. No call stacks: vmm_record_history_ex(a, n, 0).
+ * Returns VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
 VMM_API int vmm_record_history(vmm_allocator *a, size_t max_entries);
+
+/* Flags of vmm_record_history_ex: which call stacks to keep, and where (PyTorch's stacks= and
+ * context= arguments of torch.cuda.memory._record_memory_history). */
+enum {
+    /* Native return addresses of the calling thread (glibc backtrace, at most 64 frames), kept as
+     * numbers and named with dladdr only when a snapshot is written. Frames inside libvmmalloc.so
+     * are left out of snapshots. */
+    VMM_HISTORY_STACKS_NATIVE = 1,
+    /* The calling thread's Python frames (file, function, line; at most 96), when the process runs
+     * CPython 3.10 or later (found with dlsym; the library never links libpython). They are read
+     * when the thread holds the GIL, or, for vmm_malloc, gathered before the allocator's lock by
+     * taking the GIL for a Python thread that released it (as PyTorch's allocator does); threads
+     * Python never ran on have none. In a snapshot a stack with both shows the native frames down
+     * to the Python interpreter, then the Python frames. */
+    VMM_HISTORY_STACKS_PYTHON = 2,
+    VMM_HISTORY_STACKS_ALL = 3,
+    /* Default (neither flag): frames on live blocks, segments and every trace entry (context
+     * "all"). CONTEXT_ALLOC: trace entries of frees carry none ("alloc"). CONTEXT_STATE: only live
+     * blocks and segments carry frames, trace entries none ("state"). */
+    VMM_HISTORY_CONTEXT_ALLOC = 4,
+    VMM_HISTORY_CONTEXT_STATE = 8
+};
+
+/* vmm_record_history with call stacks: flags is 0 or VMM_HISTORY_STACKS_* with at most one
+ * VMM_HISTORY_CONTEXT_* flag. Stacks are interned (one copy of each distinct stack, at most 64 MiB
+ * per allocator; further new stacks are not kept) and dropped with the ring. Changing the size
+ * keeps the newest entries and, if stacks stay on, their stacks. Returns VMM_OK, VMM_EINVAL (bad
+ * flags), VMM_ENOTSUP (VMM_HISTORY_STACKS_PYTHON in a process without CPython >= 3.10),
+ * VMM_EHOSTMEM. */
+VMM_API int vmm_record_history_ex(vmm_allocator *a, size_t max_entries, unsigned flags);
 
 /* Copy the newest min(max, held) entries of the ring, oldest first, into out (out may be NULL
  * when max is 0).

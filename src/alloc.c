@@ -127,6 +127,8 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
         rc = open_driver(a);
     if (!rc)
         rc = setup_device(a);
+    if (!rc)
+        rc = vmm_seg_peers_init(a);
     if (rc) {
         if (a->drv)
             a->drv->ops->close(a->drv);
@@ -385,30 +387,30 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     } else {
         vmm_stream_rec *sr = b->seg->srec;
         int pool = b->seg->pool;
-        if (VMM_UNLIKELY(b->n_uses)) {
-            rc = vmm_defer_free(a, b);
-        }
-        if (rc == VMM_OK) {
-            /* the slot found above: deferring a free leaves the live table as it was */
-            vmm_live_remove_at(a, slot);
-            VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
-            if (VMM_UNLIKELY(b->group != NULL))
-                vmm_group_drop(a, b);
-            /* stamp with the own stream's sequence: a fence recorded later proves it idle */
-            b->free_seq = ++sr->seq;
-            vmm_hot_down(a->stats.allocation, pool, 1);
-            vmm_hot_down(a->stats.allocated_bytes, pool, (int64_t)b->size);
-            vmm_hot_down(a->stats.requested_bytes, pool, (int64_t)b->requested);
-            if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
-                vmm_stat_add(&a->stats.oversize_allocations, -1);
-            b->requested = 0;
-            if (VMM_LIKELY(b->state == VMM_BLOCK_ALLOCATED)) {
-                vmm_pool_release(a, b);
-            } else {
-                /* deferred: still active, counted as pending (see vmm_hot_up) */
-                vmm_stat_add(&a->pending[pool], 1);
-                vmm_stat_add(&a->pending_bytes[pool], (int64_t)b->size);
-            }
+        /* used by other streams: record the events prepared by record_stream and wait for them
+         * on the deferred list. Cannot fail: what cannot be recorded now is retried later, so a
+         * caller that cannot retry (PyTorch's free hook) never leaks the block. */
+        if (VMM_UNLIKELY(b->n_uses))
+            vmm_defer_free(a, b);
+        /* the slot found above: deferring a free leaves the live table as it was */
+        vmm_live_remove_at(a, slot);
+        VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
+        if (VMM_UNLIKELY(b->group != NULL))
+            vmm_group_drop(a, b);
+        /* stamp with the own stream's sequence: a fence recorded later proves it idle */
+        b->free_seq = ++sr->seq;
+        vmm_hot_down(a->stats.allocation, pool, 1);
+        vmm_hot_down(a->stats.allocated_bytes, pool, (int64_t)b->size);
+        vmm_hot_down(a->stats.requested_bytes, pool, (int64_t)b->requested);
+        if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
+            vmm_stat_add(&a->stats.oversize_allocations, -1);
+        b->requested = 0;
+        if (VMM_LIKELY(b->state == VMM_BLOCK_ALLOCATED)) {
+            vmm_pool_release(a, b);
+        } else {
+            /* deferred: still active, counted as pending (see vmm_hot_up) */
+            vmm_stat_add(&a->pending[pool], 1);
+            vmm_stat_add(&a->pending_bytes[pool], (int64_t)b->size);
         }
     }
     vmm_unlock(a);
@@ -421,6 +423,43 @@ static int stream_retired(const vmm_allocator *a, vmm_stream s)
         if (r->stream == s)
             return r->retired;
     return 0;
+}
+
+/* Room for one more use slot in b (uses and events grow together); VMM_OK or VMM_EHOSTMEM with
+ * nothing changed but, at the first call, an empty side record. */
+static int reserve_use_slot(vmm_allocator *a, vmm_block *b)
+{
+    if (!b->ext) {
+        /* first record_stream of this record: its side record, kept until it is deleted */
+        b->ext = vmm_meta_alloc(a->meta, sizeof *b->ext);
+        if (!b->ext)
+            return vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
+    }
+    vmm_block_ext *x = b->ext;
+    if (b->n_uses < x->cap_uses)
+        return VMM_OK;
+    uint32_t ncap = x->cap_uses ? x->cap_uses * 2 : 2;
+    vmm_stream *nu = vmm_meta_alloc(a->meta, ncap * sizeof *nu);
+    vmm_event *ne = vmm_meta_alloc(a->meta, ncap * sizeof *ne);
+    if (!nu || !ne) {
+        if (nu)
+            vmm_meta_free(a->meta, nu, ncap * sizeof *nu);
+        if (ne)
+            vmm_meta_free(a->meta, ne, ncap * sizeof *ne);
+        return vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
+    }
+    for (uint32_t k = 0; k < b->n_uses; k++) {
+        nu[k] = x->uses[k];
+        ne[k] = x->events[k];
+    }
+    if (x->uses)
+        vmm_meta_free(a->meta, x->uses, x->cap_uses * sizeof *nu);
+    if (x->events)
+        vmm_meta_free(a->meta, x->events, x->cap_events * sizeof *ne);
+    x->uses = nu;
+    x->events = ne;
+    x->cap_uses = x->cap_events = ncap;
+    return VMM_OK;
 }
 
 VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
@@ -440,30 +479,18 @@ VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
         while (i < b->n_uses && b->ext->uses[i] != stream)
             i++;
         if (i == b->n_uses) {
-            if (!b->ext) {
-                /* first record_stream of this record: its side record, kept until it is deleted */
-                b->ext = vmm_meta_alloc(a->meta, sizeof *b->ext);
-                if (!b->ext)
-                    rc = vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
+            rc = reserve_use_slot(a, b);
+            if (rc == VMM_OK) {
+                b->ext->uses[i] = stream;
+                b->ext->events[i] = NULL;
+                b->n_uses++;
             }
-            if (rc == VMM_OK && b->n_uses == b->ext->cap_uses) {
-                vmm_block_ext *x = b->ext;
-                uint32_t ncap = x->cap_uses ? x->cap_uses * 2 : 2;
-                vmm_stream *nu = vmm_meta_alloc(a->meta, ncap * sizeof *nu);
-                if (!nu) {
-                    rc = vmm_fail(VMM_EHOSTMEM, "vmm_record_stream: out of host memory");
-                } else {
-                    for (uint32_t k = 0; k < b->n_uses; k++)
-                        nu[k] = x->uses[k];
-                    if (x->uses)
-                        vmm_meta_free(a->meta, x->uses, x->cap_uses * sizeof *nu);
-                    x->uses = nu;
-                    x->cap_uses = ncap;
-                }
-            }
-            if (rc == VMM_OK)
-                b->ext->uses[b->n_uses++] = stream;
         }
+        /* Everything the free needs, now: an event made recordable on `stream` (which may belong
+         * to another device's context). Without one the use is recorded all the same (the caller
+         * cannot handle an error either) and the free tries again. */
+        if (rc == VMM_OK && !b->ext->events[i])
+            b->ext->events[i] = vmm_event_for_use(a, stream);
     }
     vmm_unlock(a);
     return rc;

@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +169,54 @@ static int p_device(vmm_config *c, const char *key, token v)
     return VMM_OK;
 }
 static int f_device(const vmm_config *c, char *b, size_t n) { return snprintf(b, n, "%d", c->device); }
+
+/* peer_access: all | none | [1,3]: the devices whose kernels may touch this allocator's memory. */
+static int p_peers(vmm_config *c, const char *key, token v)
+{
+    if (token_eq(v, "all")) {
+        c->peer_all = 1;
+        c->peer_mask = 0;
+        return VMM_OK;
+    }
+    if (token_eq(v, "none")) {
+        c->peer_all = 0;
+        c->peer_mask = 0;
+        return VMM_OK;
+    }
+    if (v.len < 2 || v.s[0] != '[' || v.s[v.len - 1] != ']')
+        return bad_value(key, v, "all, none or a list of device numbers [1,2]");
+    uint64_t mask = 0;
+    const char *p = v.s + 1, *end = v.s + v.len - 1;
+    while (p < end) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *item_end = comma ? comma : end;
+        uint64_t d;
+        if (parse_u64((token){p, (size_t)(item_end - p)}, &d) != 0 || d >= 64)
+            return bad_value(key, v, "device numbers 0..63 in the list");
+        mask |= (uint64_t)1 << d;
+        p = comma ? comma + 1 : end;
+    }
+    c->peer_all = 0;
+    c->peer_mask = mask;
+    return VMM_OK;
+}
+static int f_peers(const vmm_config *c, char *b, size_t n)
+{
+    if (c->peer_all)
+        return snprintf(b, n, "all");
+    if (!c->peer_mask)
+        return snprintf(b, n, "none");
+    size_t off = 0;
+    int first = 1;
+    for (int i = 0; i < 64; i++)
+        if (c->peer_mask >> i & 1) {
+            int k = snprintf(b + (off < n ? off : n), off < n ? n - off : 0, "%s%d", first ? "[" : ",", i);
+            off += (size_t)(k > 0 ? k : 0);
+            first = 0;
+        }
+    int k = snprintf(b + (off < n ? off : n), off < n ? n - off : 0, "]");
+    return (int)(off + (size_t)(k > 0 ? k : 0));
+}
 
 static int p_expandable(vmm_config *c, const char *key, token v)
 {
@@ -495,6 +544,8 @@ static int f_sim_fault_seed(const vmm_config *c, char *b, size_t n)
 static const option_desc options[] = {
     {"driver", p_driver, f_driver, "cuda|sim: the real GPU through libcuda.so.1, or the simulated device (default cuda)"},
     {"device", p_device, f_device, "device ordinal (default 0)"},
+    {"peer_access", p_peers, f_peers,
+     "devices granted access to this allocator's expandable memory: all (every peer the driver allows), none, or [1,2] (default all)"},
     {"expandable_segments", p_expandable, f_expandable,
      "true: VA ranges that grow by mapping pages; false: classic cuMemAlloc segments (default true)"},
     {"max_split_size_mb", p_max_split, f_max_split,
@@ -533,6 +584,9 @@ void vmm_config_defaults(vmm_config *c)
     c->driver = VMM_DRIVER_CUDA;
     c->device = 0;
     c->expandable_segments = 1;
+    /* all: memory behaves like cudaMalloc'd memory once peers are enabled, since PyTorch's pluggable
+     * allocator interface never tells the allocator which peers the application enables */
+    c->peer_all = 1;
     c->max_split_size = SIZE_MAX;
     c->max_non_split_rounding = 20 * VMM_MiB;
     c->garbage_collection_threshold = 0.0;
@@ -600,10 +654,102 @@ int vmm_config_parse(vmm_config *c, const char *conf)
     return VMM_OK;
 }
 
+/* ---- the environment: PyTorch's variables, then VMMALLOC_CONF --------------------------------- */
+
+/* Keys of PyTorch's allocator config (c10/core/AllocatorConfig.h, c10/cuda/CUDAAllocatorConfig.h)
+ * that mean what vmmalloc's key of the same name means: applied from PyTorch's variables. */
+static const char *const torch_shared_keys[] = {
+    "expandable_segments", "max_split_size_mb", "max_non_split_rounding_mb",
+    "roundup_power2_divisions", "garbage_collection_threshold", "per_process_memory_fraction",
+};
+/* Settings of PyTorch's own allocators (the cudaMallocAsync backend, the pinned host allocator,
+ * CUDA graphs, ...) that vmmalloc has no use for: in PyTorch's variables they are ignored with a
+ * warning, once per key and process, since users set them for the native allocator. */
+static const char *const torch_only_keys[] = {
+    "backend", "release_lock_on_cudamalloc", "release_lock_on_hipmalloc",
+    "pinned_use_cuda_host_register", "pinned_use_hip_host_register", "pinned_num_register_threads",
+    "pinned_reserve_segment_size_mb", "pinned_use_background_threads", "pinned_free_catch_all",
+    "graph_capture_record_stream_reuse", "throw_on_cudamalloc_oom", "expandable_segments_handle_type",
+};
+_Static_assert(sizeof torch_only_keys / sizeof torch_only_keys[0] <= 32, "one warning bit per key");
+static _Atomic uint32_t torch_warned; /* bit i: torch_only_keys[i] was reported */
+
+static int key_in(token key, const char *const *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strlen(keys[i]) == key.len && memcmp(keys[i], key.s, key.len) == 0)
+            return (int)i;
+    return -1;
+}
+
+static const option_desc *option_by_name(token key)
+{
+    for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+        if (strlen(options[i].key) == key.len && memcmp(options[i].key, key.s, key.len) == 0)
+            return &options[i];
+    return NULL;
+}
+
+/* Apply the keys of PyTorch's variable `var` (value `env`) that vmmalloc shares, warn about the
+ * ones only PyTorch has; VMM_ECONFIG for a bad value, a vmmalloc-only key or an unknown key. */
+static int parse_torch_env(vmm_config *c, const char *var, const char *env)
+{
+    const char *p = env;
+    token key, val;
+    int r;
+    while ((r = next_item(&p, &key, &val)) != 0) {
+        char name[KEY_MAX];
+        snprintf(name, sizeof name, "%.*s", (int)(key.len < KEY_MAX - 1 ? key.len : KEY_MAX - 1), key.s);
+        if (r < 0)
+            return vmm_fail(VMM_ECONFIG, "%s: config: item '%s' has no ':value'", var, name);
+        const option_desc *o = option_by_name(key);
+        if (key_in(key, torch_shared_keys, sizeof torch_shared_keys / sizeof torch_shared_keys[0]) >= 0 && o) {
+            int rc = o->parse(c, o->key, val);
+            if (rc != VMM_OK) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", vmm_last_error());
+                return vmm_fail(rc, "%s: %s", var, msg);
+            }
+            continue;
+        }
+        int t = key_in(key, torch_only_keys, sizeof torch_only_keys / sizeof torch_only_keys[0]);
+        if (t >= 0) {
+            uint32_t bit = (uint32_t)1 << t;
+            if (!(atomic_fetch_or(&torch_warned, bit) & bit))
+                fprintf(stderr, "vmmalloc: %s: ignoring '%s:%.*s', a setting of PyTorch's own "
+                                "allocator that vmmalloc does not have\n",
+                        var, name, (int)(val.len < 64 ? val.len : 64), val.s);
+            continue;
+        }
+        if (o)
+            return vmm_fail(VMM_ECONFIG, "%s: config key '%s' is vmmalloc's own, not PyTorch's: set it "
+                                         "in VMMALLOC_CONF (PyTorch rejects it in its variable)", var, name);
+        return vmm_fail(VMM_ECONFIG, "%s: config: unknown key '%s'", var, name);
+    }
+    return VMM_OK;
+}
+
 int vmm_config_load(vmm_config *c, const char *conf)
 {
     vmm_config tmp;
     vmm_config_defaults(&tmp);
+    /* PyTorch's variable first (PYTORCH_ALLOC_CONF, else the older PYTORCH_CUDA_ALLOC_CONF, as
+     * PyTorch reads them), so that VMMALLOC_CONF and conf override its keys */
+    const char *tvar = "PYTORCH_ALLOC_CONF";
+    const char *tenv = getenv(tvar);
+    if (!tenv) {
+        tvar = "PYTORCH_CUDA_ALLOC_CONF";
+        tenv = getenv(tvar);
+    }
+    if (tenv && strlen(tenv) > CONF_ENV_MAX)
+        return vmm_fail(VMM_ECONFIG, "%s is longer than %d characters", tvar, CONF_ENV_MAX);
+    if (tenv) {
+        vmm_config t = tmp; /* all or nothing */
+        int trc = parse_torch_env(&t, tvar, tenv);
+        if (trc != VMM_OK)
+            return trc;
+        tmp = t;
+    }
     const char *env = getenv("VMMALLOC_CONF");
     if (env && strlen(env) > CONF_ENV_MAX)
         return vmm_fail(VMM_ECONFIG, "VMMALLOC_CONF is longer than %d characters", CONF_ENV_MAX);

@@ -11,15 +11,26 @@
  * numeric value equals the CUresult the CUDA driver returns in that case, so the cuda
  * implementation passes results through and the sim returns what CUDA would:
  *   INVALID_VALUE    misaligned size/address/offset, size 0, a range outside its reservation,
- *                    mapping over a mapped range, unmapping a range that is not fully mapped,
- *                    freeing a VA range that still has mappings, a pointer mem_free doesn't know.
+ *                    unmapping a range that is not fully mapped, a pointer mem_free doesn't know.
  *   OUT_OF_MEMORY    mem_create / mem_alloc / va_reserve beyond what the device (or VA) has.
- *   INVALID_HANDLE   a released or unknown physical handle, stream or event (release twice).
+ *   INVALID_HANDLE   an unknown stream or event; an event recorded on a stream of another context
+ *                    (cuda.h, cuEventRecord: "hEvent and hStream must be from the same context
+ *                    otherwise CUDA_ERROR_INVALID_HANDLE is returned").
  *   NOT_READY        event_query: the event's work has not completed yet (not a failure).
- *   NOT_SUPPORTED    the device cannot do it (no VMM support).
+ *   NOT_SUPPORTED    the device cannot do it (no VMM support, no such peer access).
  *   NOT_INITIALIZED / NO_DEVICE / INVALID_DEVICE   driver or device unusable (open only).
  *   UNKNOWN          an injected or unexplained failure.
  * A failed op changes no state.
+ *
+ * Not promised. Callers must never rely on what these do, because cuda.h does not say:
+ *   - releasing a physical handle twice, or any use of a released handle ("If handle is not a
+ *     valid handle the behavior is undefined", cuMemRelease);
+ *   - va_free of a reservation that still has mappings (cuMemAddressFree documents no such case);
+ *   - mem_map over a range that is already mapped ("cuMemMap can only create mappings on VA range
+ *     reservations that are not currently mapped": no error code is promised);
+ *   - using a stream or event after destroying it.
+ * The sim refuses the mapping cases with INVALID_VALUE (its own choice) and aborts on a handle
+ * released twice; the CUDA double (tests/cudadouble) aborts on all of them, naming the call.
  *
  * Alignment. `granularity` (device_info) is the unit of physical memory: mem_create sizes, and the
  * va, size and offset of mem_map / mem_unmap / set_access, must be multiples of it. va_reserve
@@ -41,6 +52,14 @@
  * not call the driver. mem_free synchronizes the device first, as cuMemFree does; no other op
  * synchronizes anything (mem_unmap and mem_release do not wait for queued work: callers must prove
  * memory idle with an event first).
+ *
+ * Contexts and devices. A driver serves one device. The cuda driver works in the device's primary
+ * context and leaves every calling thread with the context it had, none included (a thread left
+ * holding our context would silently switch the CUDA runtime's current device). Streams passed
+ * in may belong to another device (record_stream with a peer's stream, pinned memory used by
+ * several devices): event_prepare makes an event recordable on such a stream ahead of time, so
+ * that event_record at free time creates nothing. set_access grants the driver's device and every
+ * peer added with peer_enable; ranges mapped before a peer was added need set_access again.
  *
  * Thread safety. Every op may be called from any thread concurrently; implementations lock what
  * they share. Callbacks from launch_host run on a driver-owned thread.
@@ -67,8 +86,11 @@ typedef enum vmm_drv_result {
     VMM_DRV_UNKNOWN = 999,
 } vmm_drv_result;
 
-/* Name of a result ("CUDA_ERROR_INVALID_VALUE" style) for messages. */
+/* Name of a result ("CUDA_ERROR_INVALID_VALUE" style) for messages: the contract's kinds from a
+ * table, any other CUresult from the loaded CUDA driver's cuGetErrorName. */
 const char *vmm_drv_result_name(int r);
+/* Used by drv_cuda.c once libcuda is loaded: names for results outside the table (NULL: unknown). */
+void vmm_drv_set_result_namer(const char *(*namer)(int));
 
 typedef uint64_t vmm_phys; /* physical allocation handle (CUmemGenericAllocationHandle); 0 is none */
 typedef void *vmm_event;   /* CUevent or a sim event */
@@ -79,6 +101,10 @@ typedef struct vmm_device_info {
     size_t recommended_granularity;
     int vmm_supported;       /* virtual memory management available */
     int ordinal;             /* device number */
+    int device_count;        /* devices the driver sees (1 on the sim) */
+    int gdr_supported;       /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: pages are created
+                                gpuDirectRDMACapable (NCCL / RDMA registration works) */
+    int posix_fd_handles;    /* pages are created exportable as POSIX file descriptors */
     char name[64];           /* "sim" or the GPU's name */
 } vmm_device_info;
 
@@ -107,6 +133,16 @@ typedef struct vmm_driver_ops {
     int (*event_sync)(vmm_driver *d, vmm_event e);
     int (*event_destroy)(vmm_driver *d, vmm_event e);
     int (*stream_wait_event)(vmm_driver *d, void *s, vmm_event e);
+    /* OPTIONAL (NULL: every event can be recorded on every stream the caller passes, as on the
+     * sim). Make e recordable on stream s, which may belong to another device's context: after
+     * SUCCESS, event_record(e, s) allocates nothing and cannot fail for want of resources. An
+     * event may be prepared for several contexts; it stays prepared until destroyed. */
+    int (*event_prepare)(vmm_driver *d, vmm_event e, void *s);
+    /* OPTIONAL (NULL: NOT_SUPPORTED). Add device `peer` to the devices set_access grants
+     * read/write access. NOT_SUPPORTED when the peer cannot access this device's memory
+     * (cuDeviceCanAccessPeer), INVALID_DEVICE for no such device; adding the driver's own device
+     * or a peer already added succeeds and changes nothing. */
+    int (*peer_enable)(vmm_driver *d, int peer);
     int (*launch_host)(vmm_driver *d, void *s, void (*fn)(void *), void *arg);
     /* Stream-ordered fill of n 32-bit words at va with value (cuMemsetD32Async). */
     int (*memset32)(vmm_driver *d, uintptr_t va, uint32_t value, size_t n, void *s);
@@ -154,9 +190,23 @@ int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
 int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
 int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);
 int vmm_sim_driver_fail_random(vmm_driver *d, int kind, double p, uint64_t seed);
+/* Sharing a handle's memory through a POSIX file descriptor (for the CUDA double's
+ * cuMemExportToShareableHandle / cuMemImportFromShareableHandle). Backed mode only: NOT_SUPPORTED
+ * unbacked or without VMM. export_fd: *fd gets a new close-on-exec descriptor of h's memory
+ * (INVALID_HANDLE for a handle that is not live). import_fd: *out gets a new live handle sharing the
+ * memory behind fd (a descriptor export_fd made, size a granularity multiple, else INVALID_VALUE);
+ * the handle keeps its own descriptor and is not charged to capacity (the memory already exists).
+ * Neither is counted as a call nor takes injected faults. */
+int vmm_sim_driver_export_fd(vmm_driver *d, vmm_phys h, int *fd);
+int vmm_sim_driver_import_fd(vmm_driver *d, int fd, vmm_phys *out);
 
 /* drv_cuda.c: opens libcuda.so.1 and device `ordinal` on its primary context. Returns a
- * vmm_drv_result; when the library or device is missing, msg (if non-NULL) gets a short reason. */
+ * vmm_drv_result; on failure msg (if non-NULL) gets a short reason. The results say why:
+ *   NOT_INITIALIZED  no CUDA driver is installed: no libcuda.so.1, or the toolkit's stub library;
+ *   NO_DEVICE        a driver without any GPU;
+ *   INVALID_DEVICE   no device `ordinal`;
+ *   NOT_SUPPORTED    a driver older than CUDA 12.0, or a libcuda.so.1 that is not a CUDA driver;
+ *   anything else    the CUresult of the call that failed (named in msg): a broken driver. */
 int vmm_driver_cuda_open(int ordinal, vmm_driver **out, char *msg, size_t msg_len);
 
 #endif /* VMM_DRIVER_H */

@@ -8,11 +8,26 @@
  *
  * All work runs on the device's primary context, shared with the CUDA runtime and PyTorch. Each op
  * makes that context current on the calling thread for the duration of the call and gives the
- * thread back the context it had (a caller working on another device keeps it).
+ * thread back exactly the context it had: another device's, or none. A thread left holding our
+ * context would have its runtime device silently switched (the runtime adopts the thread's current
+ * driver context), so "none" is restored too.
+ *
+ * Events are small wrappers holding one CUevent per context they were used in, because an event
+ * can only be recorded on a stream of its own context (cuEventRecord: "hEvent and hStream must be
+ * from the same context otherwise CUDA_ERROR_INVALID_HANDLE is returned"), while record_stream and
+ * pinned memory hand the allocator streams of other devices. event_prepare creates the per-context
+ * event ahead of time; query / sync / wait use the one recorded last.
+ *
+ * Physical pages are created the way NCCL and vLLM's cumem allocator create theirs:
+ * gpuDirectRDMACapable where the device reports GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (NCCL
+ * buffer registration and GPUDirect RDMA need it), and exportable as POSIX file descriptors where
+ * the device supports that handle type, falling back to no handle type, once and for good, if the
+ * system refuses it (containers without the permission answer NOT_PERMITTED / NOT_SUPPORTED).
  *
  * Thread safety: the entry-point table is filled once per process (pthread_once) and read-only
- * after; a driver's state is read-only after open; the CUDA driver itself is thread safe. So no op
- * takes a lock.
+ * after; a driver's state is read-only after open except the peer set and the handle-type
+ * fallback, which are atomics; the CUDA driver itself is thread safe. One event is used by one
+ * thread at a time (its owner's lock).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,6 +54,7 @@ int vmm_driver_cuda_open(int ordinal, vmm_driver **out, char *msg, size_t msg_le
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 /* The contract's result values are CUresult numbers, so results pass through unchanged. */
 #define SAME_RESULT(ours, cuda) _Static_assert((int)(ours) == (int)(cuda), #ours " is " #cuda)
@@ -64,6 +80,11 @@ enum {
      * callers' rounding never divides by zero: 2 MiB, the granularity of every current GPU. */
     NOMINAL_GRANULARITY = 2 << 20,
     LOAD_MESSAGE_MAX = 512,
+    /* Peers set_access can grant: one bit each in a 64-bit mask (NVLink domains today have 8). */
+    MAX_PEERS = 64,
+    /* Contexts one event can be recorded in: its own plus peers that record_stream or pinned
+     * memory brought; more are refused (the free path then falls back, see events.c). */
+    EVENT_CONTEXTS = 8,
 };
 
 /* cuGetProcAddress_v2 (CUDA 12+) and the older four-argument cuGetProcAddress. */
@@ -77,8 +98,11 @@ typedef CUresult (*get_proc_v1_fn)(const char *, void **, int, cuuint64_t);
  * context, and a driver asked for version 13000 may hand that out for "cuCtxSynchronize". */
 static struct cuda_api {
     CUresult (*init)(unsigned int);
+    CUresult (*driver_get_version)(int *);
     CUresult (*get_error_name)(CUresult, const char **);
     CUresult (*device_get)(CUdevice *, int);
+    CUresult (*device_get_count)(int *);
+    CUresult (*device_can_access_peer)(int *, CUdevice, CUdevice);
     CUresult (*device_get_attribute)(int *, CUdevice_attribute, CUdevice);
     CUresult (*device_get_name)(char *, int, CUdevice);
     CUresult (*device_total_mem)(size_t *, CUdevice);
@@ -104,6 +128,7 @@ static struct cuda_api {
     CUresult (*stream_destroy)(CUstream);
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
+    CUresult (*stream_get_ctx)(CUstream, CUcontext *);
     CUresult (*event_create)(CUevent *, unsigned int);
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
@@ -178,6 +203,8 @@ static CUresult resolve(const char *symbol, void **fn)
 #define CUDA_SYMBOLS(X)                                    \
     X(init, "cuInit")                                      \
     X(device_get, "cuDeviceGet")                           \
+    X(device_get_count, "cuDeviceGetCount")                \
+    X(device_can_access_peer, "cuDeviceCanAccessPeer")     \
     X(device_get_attribute, "cuDeviceGetAttribute")        \
     X(device_get_name, "cuDeviceGetName")                  \
     X(device_total_mem, "cuDeviceTotalMem")                \
@@ -202,6 +229,7 @@ static CUresult resolve(const char *symbol, void **fn)
     X(stream_destroy, "cuStreamDestroy")                   \
     X(stream_synchronize, "cuStreamSynchronize")           \
     X(stream_wait_event, "cuStreamWaitEvent")              \
+    X(stream_get_ctx, "cuStreamGetCtx")                    \
     X(event_create, "cuEventCreate")                       \
     X(event_record, "cuEventRecord")                       \
     X(event_query, "cuEventQuery")                         \
@@ -213,6 +241,26 @@ static CUresult resolve(const char *symbol, void **fn)
     X(host_alloc, "cuMemHostAlloc")                        \
     X(host_free, "cuMemFreeHost")
 
+/* cuGetErrorName for results outside the contract's table (error.c asks through this). */
+static const char *driver_result_name(int r)
+{
+    const char *name = NULL;
+    if (cu.get_error_name && cu.get_error_name((CUresult)r, &name) == CUDA_SUCCESS)
+        return name;
+    return NULL;
+}
+
+static void load_fail(int result, const char *fmt, ...) VMM_PRINTF(2, 3);
+static void load_fail(int result, const char *fmt, ...)
+{
+    load_result = result;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(load_message, sizeof load_message, fmt, ap);
+    va_end(ap);
+    memset(&cu, 0, sizeof cu);
+}
+
 static void load_libcuda(void)
 {
     /* The handle is kept for the life of the process: unloading a driver that has started its
@@ -220,9 +268,8 @@ static void load_libcuda(void)
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *err = dlerror();
-        load_result = VMM_DRV_NOT_INITIALIZED;
-        msg_set(load_message, sizeof load_message, "libcuda.so.1 not found: %s",
-                err ? err : "unknown dlopen error");
+        load_fail(VMM_DRV_NOT_INITIALIZED, "libcuda.so.1 not found: %s",
+                  err ? err : "unknown dlopen error");
         return;
     }
     /* dlsym returns void *; converting to a function pointer is what POSIX guarantees to work. */
@@ -232,25 +279,38 @@ static void load_libcuda(void)
     } else if ((sym = dlsym(lib, "cuGetProcAddress")) != NULL) {
         memcpy(&get_proc_v1, &sym, sizeof sym);
     } else {
-        load_result = VMM_DRV_NOT_INITIALIZED;
-        msg_set(load_message, sizeof load_message,
-                "libcuda.so.1 has no cuGetProcAddress: not a CUDA driver, or one older than "
-                "CUDA 11.3");
+        load_fail(VMM_DRV_NOT_SUPPORTED, "libcuda.so.1 has no cuGetProcAddress: not a CUDA driver, or "
+                                         "one older than CUDA 11.3 (vmmalloc needs CUDA 12.0)");
         return;
     }
-    /* Error names first, so later messages can use them; optional. */
+    /* Error names and the version first: a driver too old to have what we resolve below must be
+     * reported as too old, not as a missing symbol or a failing cuInit. */
     void *p = NULL;
     if (resolve("cuGetErrorName", &p) == CUDA_SUCCESS)
         memcpy(&cu.get_error_name, &p, sizeof p);
+    int version = 0;
+    /* cuDriverGetVersion through dlsym: its ABI never changed, and an old driver may refuse to
+     * resolve anything at a version newer than itself. */
+    if ((p = dlsym(lib, "cuDriverGetVersion")) != NULL || resolve("cuDriverGetVersion", &p) == CUDA_SUCCESS) {
+        memcpy(&cu.driver_get_version, &p, sizeof p);
+        CUresult r = cu.driver_get_version(&version);
+        if (r == CUDA_SUCCESS && version < CUDA_API_VERSION) {
+            load_fail(VMM_DRV_NOT_SUPPORTED,
+                      "the installed CUDA driver supports CUDA %d.%d; vmmalloc needs a driver for "
+                      "CUDA %d.%d or newer (update the NVIDIA driver)",
+                      version / 1000, version % 1000 / 10, CUDA_API_VERSION / 1000,
+                      CUDA_API_VERSION % 1000 / 10);
+            return;
+        }
+    }
 #define RESOLVE_ONE_(member, symbol)                                                       \
     {                                                                                      \
         CUresult r_ = resolve(symbol, &p);                                                 \
         if (r_ != CUDA_SUCCESS) {                                                          \
-            load_result = VMM_DRV_NOT_INITIALIZED;                                         \
-            msg_set(load_message, sizeof load_message,                                     \
-                    "cuGetProcAddress(\"%s\", %d) failed: %s (%d)%s", symbol,              \
-                    (int)CUDA_API_VERSION, result_name(r_), (int)r_, result_hint(r_));     \
-            memset(&cu, 0, sizeof cu);                                                     \
+            /* the stub library answers every call with STUB_LIBRARY: no driver installed */ \
+            load_fail(r_ == CUDA_ERROR_STUB_LIBRARY ? VMM_DRV_NOT_INITIALIZED : (int)r_,      \
+                      "cuGetProcAddress(\"%s\", %d) failed: %s (%d)%s", symbol,             \
+                      (int)CUDA_API_VERSION, result_name(r_), (int)r_, result_hint(r_));   \
             return;                                                                        \
         }                                                                                  \
         _Static_assert(sizeof cu.member == sizeof p, "function pointers are pointer sized"); \
@@ -258,6 +318,7 @@ static void load_libcuda(void)
     }
     CUDA_SYMBOLS(RESOLVE_ONE_)
 #undef RESOLVE_ONE_
+    vmm_drv_set_result_namer(driver_result_name);
     load_result = VMM_DRV_SUCCESS;
 }
 
@@ -266,29 +327,35 @@ typedef struct cuda_driver {
     CUdevice dev;
     CUcontext ctx;   /* the device's primary context, retained for the driver's life */
     vmm_device_info info;
+    _Atomic uint64_t peers;   /* bit i: set_access also grants device i (peer_enable) */
+    _Atomic int fd_handles;   /* pages requested exportable as POSIX fds (cleared on refusal) */
 } cuda_driver;
 
 static cuda_driver *as_cuda(vmm_driver *d) { return (cuda_driver *)d; }
 
-/* Make d's context current on this thread; *prev gets the thread's context before. */
-static CUresult ctx_enter(const cuda_driver *d, CUcontext *prev)
+/* Make `want` current on this thread; *prev gets the thread's context before (NULL: none). */
+static CUresult ctx_enter_ctx(CUcontext want, CUcontext *prev)
 {
     *prev = NULL;
     CUresult r = cu.ctx_get_current(prev);
     if (r != CUDA_SUCCESS)
         return r;
-    if (*prev == d->ctx)
+    if (*prev == want)
         return CUDA_SUCCESS;
-    return cu.ctx_set_current(d->ctx);
+    return cu.ctx_set_current(want);
 }
 
-/* Give the thread back the context it had. A thread that had none keeps ours: that is what the
- * runtime would have made current anyway, and it makes the next op on this thread cheaper. */
-static void ctx_leave(const cuda_driver *d, CUcontext prev)
+static CUresult ctx_enter(const cuda_driver *d, CUcontext *prev) { return ctx_enter_ctx(d->ctx, prev); }
+
+/* Give the thread back the context it had, none included: a thread that had none must not be left
+ * with ours, or the CUDA runtime would silently take our device as that thread's device. */
+static void ctx_leave_ctx(CUcontext want, CUcontext prev)
 {
-    if (prev && prev != d->ctx)
+    if (prev != want)
         cu.ctx_set_current(prev);
 }
+
+static void ctx_leave(const cuda_driver *d, CUcontext prev) { ctx_leave_ctx(d->ctx, prev); }
 
 /* Return the result of `call` made with d's context current. */
 #define RETURN_IN_CONTEXT(d, call)                                                         \
@@ -302,7 +369,6 @@ static void ctx_leave(const cuda_driver *d, CUcontext prev)
     } while (0)
 
 static CUstream as_stream(void *s) { return (CUstream)s; }
-static CUevent as_event(vmm_event e) { return (CUevent)e; }
 
 static CUmemAllocationProp device_prop(const cuda_driver *d)
 {
@@ -311,6 +377,9 @@ static CUmemAllocationProp device_prop(const cuda_driver *d)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = d->info.ordinal;
+    if (d->fd_handles)
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.allocFlags.gpuDirectRDMACapable = d->info.gdr_supported ? 1 : 0;
     return prop;
 }
 
@@ -319,6 +388,7 @@ static int cu_device_info(vmm_driver *d, vmm_device_info *out)
     if (!out)
         return VMM_DRV_INVALID_VALUE;
     *out = as_cuda(d)->info;
+    out->posix_fd_handles = as_cuda(d)->fd_handles;
     return VMM_DRV_SUCCESS;
 }
 
@@ -365,6 +435,13 @@ static int cu_va_free(vmm_driver *d, uintptr_t va, size_t size)
     RETURN_IN_CONTEXT(c, cu.address_free((CUdeviceptr)va, size));
 }
 
+/* Refusals of an exportable handle type that mean "not here" rather than "no memory". */
+static int handle_type_refused(CUresult r)
+{
+    return r == CUDA_ERROR_NOT_PERMITTED || r == CUDA_ERROR_NOT_SUPPORTED ||
+           r == CUDA_ERROR_INVALID_VALUE;
+}
+
 static int cu_mem_create(vmm_driver *d, size_t size, vmm_phys *out)
 {
     cuda_driver *c = as_cuda(d);
@@ -378,6 +455,14 @@ static int cu_mem_create(vmm_driver *d, size_t size, vmm_phys *out)
     CUresult r = ctx_enter(c, &prev);
     if (r == CUDA_SUCCESS)
         r = cu.create(&h, size, &prop, 0);
+    if (handle_type_refused(r) && prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE) {
+        /* Exportable handles refused (a container without the permission): go on without, for
+         * good, as NCCL and vLLM do; a real size error fails again below and is reported. */
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        r = cu.create(&h, size, &prop, 0);
+        if (r == CUDA_SUCCESS)
+            c->fd_handles = 0;
+    }
     ctx_leave(c, prev);
     if (r == CUDA_SUCCESS)
         *out = (vmm_phys)h;
@@ -408,17 +493,54 @@ static int cu_mem_unmap(vmm_driver *d, uintptr_t va, size_t size)
     RETURN_IN_CONTEXT(c, cu.unmap((CUdeviceptr)va, size));
 }
 
+/* Read/write for our device and every enabled peer, in one call: PyTorch's expandable segments
+ * grant each peer the same way, since a kernel on a peer faults on memory it was not granted. */
 static int cu_set_access(vmm_driver *d, uintptr_t va, size_t size)
 {
     cuda_driver *c = as_cuda(d);
     if (!c->info.vmm_supported)
         return VMM_DRV_NOT_SUPPORTED;
-    CUmemAccessDesc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc.location.id = c->info.ordinal;
-    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    RETURN_IN_CONTEXT(c, cu.set_access((CUdeviceptr)va, size, &desc, 1));
+    CUmemAccessDesc desc[MAX_PEERS];
+    memset(desc, 0, sizeof desc);
+    size_t n = 0;
+    desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[n].location.id = c->info.ordinal;
+    desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    uint64_t peers = c->peers;
+    for (int i = 0; i < MAX_PEERS && n < MAX_PEERS; i++) {
+        if (!(peers >> i & 1) || i == c->info.ordinal)
+            continue;
+        desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc[n].location.id = i;
+        desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    RETURN_IN_CONTEXT(c, cu.set_access((CUdeviceptr)va, size, desc, n));
+}
+
+static int cu_peer_enable(vmm_driver *d, int peer)
+{
+    cuda_driver *c = as_cuda(d);
+    if (peer == c->info.ordinal)
+        return VMM_DRV_SUCCESS;
+    if (peer < 0 || peer >= c->info.device_count)
+        return VMM_DRV_INVALID_DEVICE;
+    if (peer >= MAX_PEERS)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (!c->info.vmm_supported)
+        return VMM_DRV_NOT_SUPPORTED;
+    CUdevice pd;
+    CUresult r = cu.device_get(&pd, peer);
+    int can = 0;
+    /* cuDeviceCanAccessPeer(&can, dev, peerDev): "can dev access memory of peerDev" - here the
+     * peer is the one that will touch our memory. */
+    if (r == CUDA_SUCCESS)
+        r = cu.device_can_access_peer(&can, pd, c->dev);
+    if (r != CUDA_SUCCESS)
+        return (int)r;
+    if (!can)
+        return VMM_DRV_NOT_SUPPORTED;
+    atomic_fetch_or(&c->peers, (uint64_t)1 << peer);
+    return VMM_DRV_SUCCESS;
 }
 
 static int cu_mem_alloc(vmm_driver *d, size_t size, uintptr_t *out)
@@ -473,46 +595,157 @@ static int cu_stream_sync(vmm_driver *d, void *s)
 
 static int cu_device_sync(vmm_driver *d) { RETURN_IN_CONTEXT(as_cuda(d), cu.ctx_synchronize()); }
 
+/* ---- events: one CUevent per context the event was used in --------------------------------- */
+
+typedef struct cu_event {
+    int n;    /* slots in use; slot 0 is in the driver's own context */
+    int last; /* slot recorded last: what query / sync / wait look at */
+    struct {
+        CUcontext ctx;
+        CUevent ev;
+    } slot[EVENT_CONTEXTS];
+} cu_event;
+
+static cu_event *as_event(vmm_event e) { return (cu_event *)e; }
+
+/* The context a stream belongs to. The NULL stream and the special handles (legacy, per-thread)
+ * mean the current context's stream; every op runs with d's context current, so d's. */
+static CUresult stream_context(const cuda_driver *c, void *s, CUcontext *ctx)
+{
+    if (!s || as_stream(s) == CU_STREAM_LEGACY || as_stream(s) == CU_STREAM_PER_THREAD) {
+        *ctx = c->ctx;
+        return CUDA_SUCCESS;
+    }
+    return cu.stream_get_ctx(as_stream(s), ctx);
+}
+
+/* Events only order and prove completion; timing would make record and query slower. */
+static CUresult event_create_in(CUcontext ctx, CUevent *ev)
+{
+    CUcontext prev;
+    CUresult r = ctx_enter_ctx(ctx, &prev);
+    if (r == CUDA_SUCCESS)
+        r = cu.event_create(ev, CU_EVENT_DISABLE_TIMING);
+    ctx_leave_ctx(ctx, prev);
+    return r;
+}
+
+/* The slot of e for stream s's context, created when missing (create 0: only look). */
+static CUresult event_slot(const cuda_driver *c, cu_event *e, void *s, int create, int *slot)
+{
+    CUcontext ctx = NULL;
+    CUresult r = stream_context(c, s, &ctx);
+    if (r != CUDA_SUCCESS)
+        return r;
+    for (int i = 0; i < e->n; i++)
+        if (e->slot[i].ctx == ctx) {
+            *slot = i;
+            return CUDA_SUCCESS;
+        }
+    if (!create)
+        return CUDA_ERROR_NOT_FOUND;
+    if (e->n == EVENT_CONTEXTS)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    r = event_create_in(ctx, &e->slot[e->n].ev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    e->slot[e->n].ctx = ctx;
+    *slot = e->n++;
+    return CUDA_SUCCESS;
+}
+
 static int cu_event_create(vmm_driver *d, vmm_event *out)
 {
     cuda_driver *c = as_cuda(d);
     if (!out)
         return VMM_DRV_INVALID_VALUE;
-    CUevent e = NULL;
+    cu_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return VMM_DRV_OUT_OF_MEMORY;
+    CUresult r = event_create_in(c->ctx, &e->slot[0].ev);
+    if (r != CUDA_SUCCESS) {
+        free(e);
+        return (int)r;
+    }
+    e->slot[0].ctx = c->ctx;
+    e->n = 1;
+    *out = (vmm_event)e;
+    return VMM_DRV_SUCCESS;
+}
+
+static int cu_event_prepare(vmm_driver *d, vmm_event ev, void *s)
+{
+    if (!ev)
+        return VMM_DRV_INVALID_HANDLE;
+    int slot;
     CUcontext prev;
-    /* Events only order and prove completion; timing would make record and query slower. */
+    cuda_driver *c = as_cuda(d);
     CUresult r = ctx_enter(c, &prev);
     if (r == CUDA_SUCCESS)
-        r = cu.event_create(&e, CU_EVENT_DISABLE_TIMING);
+        r = event_slot(c, as_event(ev), s, 1, &slot);
     ctx_leave(c, prev);
-    if (r == CUDA_SUCCESS)
-        *out = (vmm_event)e;
     return (int)r;
 }
 
-static int cu_event_record(vmm_driver *d, vmm_event e, void *s)
+static int cu_event_record(vmm_driver *d, vmm_event ev, void *s)
 {
-    RETURN_IN_CONTEXT(as_cuda(d), cu.event_record(as_event(e), as_stream(s)));
+    if (!ev)
+        return VMM_DRV_INVALID_HANDLE;
+    cuda_driver *c = as_cuda(d);
+    cu_event *e = as_event(ev);
+    int slot = 0;
+    CUcontext prev;
+    CUresult r = ctx_enter(c, &prev);
+    if (r == CUDA_SUCCESS)
+        r = event_slot(c, e, s, 1, &slot);
+    if (r == CUDA_SUCCESS)
+        r = cu.event_record(e->slot[slot].ev, as_stream(s));
+    if (r == CUDA_SUCCESS)
+        e->last = slot;
+    ctx_leave(c, prev);
+    return (int)r;
 }
 
-static int cu_event_query(vmm_driver *d, vmm_event e)
+static int cu_event_query(vmm_driver *d, vmm_event ev)
 {
-    RETURN_IN_CONTEXT(as_cuda(d), cu.event_query(as_event(e)));
+    if (!ev)
+        return VMM_DRV_INVALID_HANDLE;
+    RETURN_IN_CONTEXT(as_cuda(d), cu.event_query(as_event(ev)->slot[as_event(ev)->last].ev));
 }
 
-static int cu_event_sync(vmm_driver *d, vmm_event e)
+static int cu_event_sync(vmm_driver *d, vmm_event ev)
 {
-    RETURN_IN_CONTEXT(as_cuda(d), cu.event_synchronize(as_event(e)));
+    if (!ev)
+        return VMM_DRV_INVALID_HANDLE;
+    RETURN_IN_CONTEXT(as_cuda(d), cu.event_synchronize(as_event(ev)->slot[as_event(ev)->last].ev));
 }
 
-static int cu_event_destroy(vmm_driver *d, vmm_event e)
+static int cu_event_destroy(vmm_driver *d, vmm_event ev)
 {
-    RETURN_IN_CONTEXT(as_cuda(d), cu.event_destroy(as_event(e)));
+    if (!ev)
+        return VMM_DRV_INVALID_HANDLE;
+    cu_event *e = as_event(ev);
+    CUresult first = CUDA_SUCCESS;
+    for (int i = 0; i < e->n; i++) {
+        CUcontext prev;
+        CUresult r = ctx_enter_ctx(e->slot[i].ctx, &prev);
+        if (r == CUDA_SUCCESS)
+            r = cu.event_destroy(e->slot[i].ev);
+        ctx_leave_ctx(e->slot[i].ctx, prev);
+        if (first == CUDA_SUCCESS)
+            first = r;
+    }
+    free(e);
+    return (int)first;
 }
 
-static int cu_stream_wait_event(vmm_driver *d, void *s, vmm_event e)
+/* "The event may be from a different context or device than hStream" (cuStreamWaitEvent). */
+static int cu_stream_wait_event(vmm_driver *d, void *s, vmm_event ev)
 {
-    RETURN_IN_CONTEXT(as_cuda(d), cu.stream_wait_event(as_stream(s), as_event(e), 0));
+    if (!ev)
+        return VMM_DRV_INVALID_HANDLE;
+    RETURN_IN_CONTEXT(as_cuda(d),
+                      cu.stream_wait_event(as_stream(s), as_event(ev)->slot[as_event(ev)->last].ev, 0));
 }
 
 static int cu_launch_host(vmm_driver *d, void *s, void (*fn)(void *), void *arg)
@@ -599,6 +832,8 @@ static const vmm_driver_ops cuda_ops = {
     .event_sync = cu_event_sync,
     .event_destroy = cu_event_destroy,
     .stream_wait_event = cu_stream_wait_event,
+    .event_prepare = cu_event_prepare,
+    .peer_enable = cu_peer_enable,
     .launch_host = cu_launch_host,
     .memset32 = cu_memset32,
     .memcpy_dtoh = cu_memcpy_dtoh,
@@ -608,40 +843,59 @@ static const vmm_driver_ops cuda_ops = {
     .close = cu_close,
 };
 
+static int device_attribute(const cuda_driver *c, CUdevice_attribute attr, const char *name, int *out,
+                            char *msg, size_t msg_len)
+{
+    *out = 0;
+    CUresult r = cu.device_get_attribute(out, attr, c->dev);
+    if (r != CUDA_SUCCESS)
+        msg_set(msg, msg_len, "device %d: cuDeviceGetAttribute(%s) failed: %s (%d)", c->info.ordinal,
+                name, result_name(r), (int)r);
+    return (int)r;
+}
+
 /* Device facts the contract's device_info reports, queried once at open. */
 static CUresult query_device(cuda_driver *c, char *msg, size_t msg_len)
 {
     vmm_device_info *info = &c->info;
-    int vmm = 0;
-    CUresult r = cu.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                                         c->dev);
-    if (r != CUDA_SUCCESS) {
-        msg_set(msg, msg_len, "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) failed: %s (%d)",
-                result_name(r), (int)r);
-        return r;
-    }
+    int vmm = 0, gdr = 0, fd = 0;
+    int r = device_attribute(c, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                             "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", &vmm, msg, msg_len);
+    if (r == CUDA_SUCCESS && vmm)
+        r = device_attribute(c, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                             "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", &gdr, msg, msg_len);
+    if (r == CUDA_SUCCESS && vmm)
+        r = device_attribute(c, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                             "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", &fd, msg, msg_len);
+    if (r != CUDA_SUCCESS)
+        return (CUresult)r;
     info->vmm_supported = vmm != 0;
-    r = cu.device_total_mem(&info->total_bytes, c->dev);
-    if (r == CUDA_SUCCESS)
-        r = cu.device_get_name(info->name, (int)sizeof info->name, c->dev);
-    if (r != CUDA_SUCCESS) {
-        msg_set(msg, msg_len, "device %d: cuDeviceTotalMem/cuDeviceGetName failed: %s (%d)",
-                info->ordinal, result_name(r), (int)r);
-        return r;
+    info->gdr_supported = gdr != 0;
+    c->fd_handles = fd != 0;
+    CUresult cr = cu.device_get_count(&info->device_count);
+    if (cr == CUDA_SUCCESS)
+        cr = cu.device_total_mem(&info->total_bytes, c->dev);
+    if (cr == CUDA_SUCCESS)
+        cr = cu.device_get_name(info->name, (int)sizeof info->name, c->dev);
+    if (cr != CUDA_SUCCESS) {
+        msg_set(msg, msg_len, "device %d: cuDeviceGetCount/TotalMem/GetName failed: %s (%d)",
+                info->ordinal, result_name(cr), (int)cr);
+        return cr;
     }
     info->name[sizeof info->name - 1] = '\0';
     info->granularity = NOMINAL_GRANULARITY;
     info->recommended_granularity = NOMINAL_GRANULARITY;
     if (info->vmm_supported) {
+        /* the granularity of the pages we will create: same properties as mem_create */
         CUmemAllocationProp prop = device_prop(c);
         size_t min = 0, rec = 0;
-        r = cu.get_granularity(&min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-        if (r == CUDA_SUCCESS)
-            r = cu.get_granularity(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
-        if (r != CUDA_SUCCESS || min == 0) {
+        cr = cu.get_granularity(&min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        if (cr == CUDA_SUCCESS)
+            cr = cu.get_granularity(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+        if (cr != CUDA_SUCCESS || min == 0) {
             msg_set(msg, msg_len, "device %d: cuMemGetAllocationGranularity failed: %s (%d)",
-                    info->ordinal, result_name(r), (int)r);
-            return r != CUDA_SUCCESS ? r : CUDA_ERROR_UNKNOWN;
+                    info->ordinal, result_name(cr), (int)cr);
+            return cr != CUDA_SUCCESS ? cr : CUDA_ERROR_UNKNOWN;
         }
         info->granularity = min;
         info->recommended_granularity = rec ? rec : min;
@@ -670,8 +924,9 @@ int vmm_driver_cuda_open(int ordinal, vmm_driver **out, char *msg, size_t msg_le
     CUresult r = cu.init(0);
     if (r != CUDA_SUCCESS) {
         msg_set(msg, msg_len, "cuInit failed: %s (%d)%s", result_name(r), (int)r, result_hint(r));
-        /* NO_DEVICE says what it means; any other cuInit failure means no usable driver. */
-        return r == CUDA_ERROR_NO_DEVICE ? VMM_DRV_NO_DEVICE : VMM_DRV_NOT_INITIALIZED;
+        /* The stub library means no driver is installed; any other failure is a broken one and
+         * keeps its own result, so that it is not mistaken for "no GPU here". */
+        return r == CUDA_ERROR_STUB_LIBRARY ? VMM_DRV_NOT_INITIALIZED : (int)r;
     }
     cuda_driver *c = calloc(1, sizeof *c);
     if (!c) {
@@ -685,7 +940,8 @@ int vmm_driver_cuda_open(int ordinal, vmm_driver **out, char *msg, size_t msg_le
     if (r != CUDA_SUCCESS) {
         msg_set(msg, msg_len, "cuDeviceGet(%d) failed: %s (%d)", ordinal, result_name(r), (int)r);
         free(c);
-        return r == CUDA_ERROR_INVALID_VALUE ? VMM_DRV_INVALID_DEVICE : (int)r;
+        return r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_INVALID_DEVICE ? VMM_DRV_INVALID_DEVICE
+                                                                             : (int)r;
     }
     r = query_device(c, msg, msg_len);
     if (r != CUDA_SUCCESS) {

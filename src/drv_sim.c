@@ -23,12 +23,15 @@
  * `done_cv` release `qmu`. No path holds both locks at once, so there is no lock order to keep.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -263,6 +266,7 @@ static void hmap_free(hmap *h)
 typedef struct sim_phys {
     uint64_t id;
     size_t size;
+    size_t charged;  /* capacity taken: size, 0 for an import (vmm_sim_driver_import_fd) */
     int fd;          /* memfd in backed mode, else -1 */
     bool released;   /* mem_release was called: the id is dead, memory lives while mapped */
     size_t n_mappings;
@@ -558,7 +562,7 @@ static void phys_maybe_free(sim_device *d, sim_phys *p)
 {
     if (!p->released || p->n_mappings)
         return;
-    live_sub(d, LIVE_PHYS_BYTES, p->size);
+    live_sub(d, LIVE_PHYS_BYTES, p->charged);
     if (p->fd >= 0)
         close(p->fd);
     free(p);
@@ -711,6 +715,7 @@ static int mem_create_locked(sim_device *d, size_t size, vmm_phys *out)
     }
     p->id = ++d->next_handle;
     p->size = size;
+    p->charged = size;
     hmap_put(&d->handles, p->id, p);
     live_add(d, LIVE_PHYS_BYTES, size);
     live_add(d, LIVE_HANDLES, 1);
@@ -730,16 +735,28 @@ static int sim_mem_create(vmm_driver *drv, size_t size, vmm_phys *out)
     return r;
 }
 
+/* A release of a handle that is not live is a caller bug CUDA gives no error for: stop here, loudly,
+ * rather than hand back an answer a real driver does not promise (driver.h, "Not promised"). */
+static _Noreturn void release_undefined(vmm_phys h)
+{
+    fprintf(stderr,
+            "vmmalloc sim: mem_release: handle %llu is not a live physical handle (released twice, or "
+            "never created); cuda.h, cuMemRelease: \"If handle is not a valid handle the behavior is "
+            "undefined.\"\n",
+            (unsigned long long)h);
+    abort();
+}
+
 /* cuMemRelease: the handle dies now; its memory is freed once every mapping of it is unmapped too
- * (CUDA Driver API reference, cuMemRelease). CUDA leaves an invalid handle undefined; the contract
- * makes it INVALID_HANDLE. */
+ * (CUDA Driver API reference, cuMemRelease). An invalid handle (released twice, never created) is
+ * undefined in CUDA: the sim aborts. */
 static int mem_release_locked(sim_device *d, vmm_phys h)
 {
     if (!d->opt.vmm_supported)
         return VMM_DRV_NOT_SUPPORTED;
     sim_phys *p = hmap_del(&d->handles, h);
     if (!p)
-        return VMM_DRV_INVALID_HANDLE;
+        release_undefined(h);
     p->released = true;
     live_sub(d, LIVE_HANDLES, 1);
     phys_maybe_free(d, p);
@@ -1495,6 +1512,81 @@ static int sim_stream_wait_event(vmm_driver *drv, void *sp, vmm_event ev)
     if (!queued)
         free(it);
     return call_end(d, VMM_SIM_CALL_STREAM_WAIT_EVENT, r);
+}
+
+/* ---- shareable handles (POSIX file descriptors) -------------------------------------------------- */
+
+/* These two are not driver ops (the contract has no sharing): the CUDA double (tests/cudadouble)
+ * builds cuMemExportToShareableHandle / cuMemImportFromShareableHandle on them. They are not counted
+ * as calls and take no injected faults (no call kind names them). */
+
+/* A new descriptor (close-on-exec) of handle h's memfd: whoever holds it shares the memory. */
+int vmm_sim_driver_export_fd(vmm_driver *drv, vmm_phys h, int *fd)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (!fd)
+        return VMM_DRV_INVALID_VALUE;
+    sim_device *d = dev_of(drv);
+    if (!d->opt.vmm_supported || !d->opt.backed)
+        return VMM_DRV_NOT_SUPPORTED; /* unbacked handles have no memory to share */
+    int r = VMM_DRV_SUCCESS;
+    pthread_mutex_lock(&d->mu);
+    sim_phys *p = hmap_get(&d->handles, h);
+    if (!p) {
+        r = VMM_DRV_INVALID_HANDLE; /* as mem_map answers a released handle */
+    } else {
+        *fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+        if (*fd < 0)
+            r = VMM_DRV_OUT_OF_MEMORY; /* the process ran out of descriptors */
+    }
+    pthread_mutex_unlock(&d->mu);
+    return r;
+}
+
+/* A new handle on the memory behind fd (a memfd of a granularity-multiple size, as export_fd hands
+ * out; the handle keeps its own descriptor, so the caller may close fd). Its size is the file's.
+ * The memory already exists, on this device or another one (the exporter's), so the import is
+ * not charged to capacity: like cuMemGetInfo on a GPU, free memory does not change when memory
+ * is imported. The handle counts as live until released, as any other. */
+int vmm_sim_driver_import_fd(vmm_driver *drv, int fd, vmm_phys *out)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (!out)
+        return VMM_DRV_INVALID_VALUE;
+    sim_device *d = dev_of(drv);
+    if (!d->opt.vmm_supported || !d->opt.backed)
+        return VMM_DRV_NOT_SUPPORTED;
+    struct stat st;
+    /* F_GET_SEALS answers only for a memfd: anything else was not exported by a sim */
+    if (fd < 0 || fstat(fd, &st) != 0 || fcntl(fd, F_GET_SEALS) < 0 || st.st_size <= 0 ||
+        !aligned(d, (uintptr_t)st.st_size))
+        return VMM_DRV_INVALID_VALUE;
+    sim_phys *p = calloc(1, sizeof *p);
+    if (!p)
+        return VMM_DRV_OUT_OF_MEMORY;
+    p->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (p->fd < 0) {
+        free(p);
+        return VMM_DRV_OUT_OF_MEMORY;
+    }
+    p->size = (size_t)st.st_size;
+    p->charged = 0;
+    pthread_mutex_lock(&d->mu);
+    int r = hmap_reserve(&d->handles, 1) ? VMM_DRV_OUT_OF_MEMORY : VMM_DRV_SUCCESS;
+    if (!r) {
+        p->id = ++d->next_handle;
+        hmap_put(&d->handles, p->id, p);
+        live_add(d, LIVE_HANDLES, 1);
+        *out = p->id;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (r) {
+        close(p->fd);
+        free(p);
+    }
+    return r;
 }
 
 /* ---- counters, fault injection control ---------------------------------------------------------- */

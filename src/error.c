@@ -47,6 +47,11 @@ int vmm_fail(int status, const char *fmt, ...)
     return status;
 }
 
+/* Set once by the cuda driver when libcuda is loaded (cuGetErrorName knows every CUresult). */
+static _Atomic(const char *(*)(int)) drv_namer;
+
+void vmm_drv_set_result_namer(const char *(*namer)(int)) { drv_namer = namer; }
+
 const char *vmm_drv_result_name(int r)
 {
     switch (r) {
@@ -60,7 +65,11 @@ const char *vmm_drv_result_name(int r)
     case VMM_DRV_NOT_READY: return "CUDA_ERROR_NOT_READY";
     case VMM_DRV_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case VMM_DRV_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
-    default: return "CUDA_ERROR_OTHER";
+    default: {
+        const char *(*namer)(int) = drv_namer;
+        const char *name = namer ? namer(r) : NULL;
+        return name ? name : "CUDA_ERROR_(unnamed: no driver loaded to name it)";
+    }
     }
 }
 

@@ -23,8 +23,10 @@ vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s)
 
 /* ---- event pool --------------------------------------------------------------------------- */
 
-int vmm_event_get(vmm_allocator *a, vmm_event *out)
+/* An idle event or a new one; VMM_OK, VMM_EHOSTMEM, or a driver result in *drv_r (no message). */
+static int event_take(vmm_allocator *a, vmm_event *out, int *drv_r)
 {
+    *drv_r = VMM_DRV_SUCCESS;
     if (a->n_ev_pool) {
         *out = a->ev_pool[--a->n_ev_pool];
         return VMM_OK;
@@ -34,7 +36,7 @@ int vmm_event_get(vmm_allocator *a, vmm_event *out)
         size_t ncap = a->cap_ev_pool ? a->cap_ev_pool * 2 : 16;
         vmm_event *np = vmm_meta_alloc(a->meta, ncap * sizeof *np);
         if (!np)
-            return vmm_fail(VMM_EHOSTMEM, "out of host memory for the event pool");
+            return VMM_EHOSTMEM;
         for (size_t i = 0; i < a->n_ev_pool; i++)
             np[i] = a->ev_pool[i];
         if (a->ev_pool)
@@ -42,16 +44,86 @@ int vmm_event_get(vmm_allocator *a, vmm_event *out)
         a->ev_pool = np;
         a->cap_ev_pool = ncap;
     }
-    int r = a->drv->ops->event_create(a->drv, out);
-    if (r)
-        return vmm_fail_drv(r, "event_create");
+    *drv_r = a->drv->ops->event_create(a->drv, out);
+    if (*drv_r)
+        return VMM_EDRIVER;
     a->n_events++;
+    return VMM_OK;
+}
+
+int vmm_event_get(vmm_allocator *a, vmm_event *out)
+{
+    int r;
+    int rc = event_take(a, out, &r);
+    if (rc == VMM_EHOSTMEM)
+        return vmm_fail(VMM_EHOSTMEM, "out of host memory for the event pool");
+    if (rc)
+        return vmm_fail_drv(r, "event_create");
     return VMM_OK;
 }
 
 void vmm_event_put(vmm_allocator *a, vmm_event e) { a->ev_pool[a->n_ev_pool++] = e; }
 
+vmm_event vmm_event_for_use(vmm_allocator *a, vmm_stream s)
+{
+    vmm_event e = NULL;
+    int r;
+    if (event_take(a, &e, &r) != VMM_OK)
+        return NULL;
+    /* an event of the pool may be prepared for other contexts already: it stays so */
+    if (a->drv->ops->event_prepare && a->drv->ops->event_prepare(a->drv, e, s) != VMM_DRV_SUCCESS) {
+        vmm_event_put(a, e);
+        return NULL;
+    }
+    return e;
+}
+
+/* ---- use slots of a block (see vmm_block_ext) ---------------------------------------------- */
+
+/* Take slot i out, its event (if any) back to the pool, keeping the recorded slots in front. */
+static void slot_drop(vmm_allocator *a, vmm_block *b, uint32_t i)
+{
+    vmm_block_ext *x = b->ext;
+    if (x->events[i])
+        vmm_event_put(a, x->events[i]);
+    uint32_t last = b->n_uses - 1;
+    if (i < x->n_events) {
+        uint32_t last_rec = x->n_events - 1;
+        x->uses[i] = x->uses[last_rec];
+        x->events[i] = x->events[last_rec];
+        x->uses[last_rec] = x->uses[last];
+        x->events[last_rec] = x->events[last];
+        x->n_events--;
+    } else {
+        x->uses[i] = x->uses[last];
+        x->events[i] = x->events[last];
+    }
+    b->n_uses--;
+}
+
+/* Record the unrecorded slots that can be (getting and preparing an event for an empty one);
+ * a slot recorded moves into the recorded prefix. Failures leave a slot as it was. */
+static void slots_record(vmm_allocator *a, vmm_block *b)
+{
+    vmm_block_ext *x = b->ext;
+    for (uint32_t i = x->n_events; i < b->n_uses; i++) {
+        if (!x->events[i] && !(x->events[i] = vmm_event_for_use(a, x->uses[i])))
+            continue;
+        if (a->drv->ops->event_record(a->drv, x->events[i], x->uses[i]) != VMM_DRV_SUCCESS)
+            continue; /* the event stays in the slot, prepared: retried later */
+        uint32_t k = x->n_events++;
+        vmm_stream su = x->uses[i];
+        vmm_event se = x->events[i];
+        x->uses[i] = x->uses[k];
+        x->events[i] = x->events[k];
+        x->uses[k] = su;
+        x->events[k] = se;
+    }
+}
+
 /* ---- deferred frees ----------------------------------------------------------------------- */
+
+enum { RECORD_TRIES_WAITING = 3 };
 
 static void deferred_unlink(vmm_allocator *a, vmm_block *b)
 {
@@ -65,33 +137,10 @@ static void deferred_unlink(vmm_allocator *a, vmm_block *b)
     a->n_deferred--;
 }
 
-int vmm_defer_free(vmm_allocator *a, vmm_block *b)
+void vmm_defer_free(vmm_allocator *a, vmm_block *b)
 {
-    vmm_event *evs = vmm_meta_alloc(a->meta, b->n_uses * sizeof *evs);
-    if (!evs)
-        return vmm_fail(VMM_EHOSTMEM, "vmm_free: out of host memory for events");
-    uint32_t n = 0;
-    int rc = VMM_OK;
-    for (; n < b->n_uses; n++) {
-        rc = vmm_event_get(a, &evs[n]);
-        if (rc)
-            break;
-        int r = a->drv->ops->event_record(a->drv, evs[n], b->ext->uses[n]);
-        if (r) {
-            vmm_event_put(a, evs[n]);
-            rc = vmm_fail_drv(r, "vmm_free: event_record");
-            break;
-        }
-    }
-    if (rc) {
-        /* recorded events are harmless to reuse: back to the pool, block stays allocated */
-        while (n)
-            vmm_event_put(a, evs[--n]);
-        vmm_meta_free(a->meta, evs, b->n_uses * sizeof *evs);
-        return rc;
-    }
-    b->ext->events = evs;
-    b->ext->n_events = b->ext->cap_events = n;
+    b->ext->n_events = 0; /* an allocated block has no recorded slot */
+    slots_record(a, b);
     b->state = VMM_BLOCK_PENDING;
     b->dprev = NULL;
     b->dnext = a->deferred;
@@ -99,25 +148,41 @@ int vmm_defer_free(vmm_allocator *a, vmm_block *b)
         a->deferred->dprev = b;
     a->deferred = b;
     a->n_deferred++;
-    return VMM_OK;
 }
 
-/* Drop completed events from the front of b's list; 1 when none is left. */
+/* Retry b's unrecorded slots, then drop the slots whose work has completed; 1 when none is left.
+ * wait: block on recorded events, and synchronize the stream of a slot that still cannot be
+ * recorded (recording late, or waiting for a whole stream, covers more work than the free needs:
+ * safe). Without wait nothing blocks. */
 static int block_events_done(vmm_allocator *a, vmm_block *b, int wait)
 {
-    while (b->ext->n_events) {
-        vmm_event e = b->ext->events[b->ext->n_events - 1];
+    vmm_block_ext *x = b->ext;
+    /* waiting, a passing failure is worth another try or two before synchronizing a stream */
+    for (int t = wait ? RECORD_TRIES_WAITING : 1; t > 0 && x->n_events < b->n_uses; t--)
+        slots_record(a, b);
+    /* downwards: slot_drop moves only already visited slots into i */
+    for (uint32_t i = x->n_events; i-- > 0;) {
+        int r;
         if (wait) {
+            /* a failed wait keeps the slot for the next scan (no stream sync: expandable mode
+             * synchronizes only where no event can stand in) */
             a->stats.num_event_waits++;
-            if (a->drv->ops->event_sync(a->drv, e) != VMM_DRV_SUCCESS)
-                return 0;
-        } else if (a->drv->ops->event_query(a->drv, e) != VMM_DRV_SUCCESS) {
-            return 0; /* NOT_READY, or a failed query: try again later */
+            r = a->drv->ops->event_sync(a->drv, x->events[i]);
+        } else {
+            r = a->drv->ops->event_query(a->drv, x->events[i]); /* NOT_READY or a failure: later */
         }
-        vmm_event_put(a, e);
-        b->ext->n_events--;
+        if (r == VMM_DRV_SUCCESS)
+            slot_drop(a, b, i);
     }
-    return 1;
+    if (wait) {
+        for (uint32_t i = b->n_uses; i-- > x->n_events;) {
+            /* no event could be recorded for this use: wait for its whole stream instead */
+            a->stats.num_event_waits++;
+            if (a->drv->ops->stream_sync(a->drv, x->uses[i]) == VMM_DRV_SUCCESS)
+                slot_drop(a, b, i);
+        }
+    }
+    return b->n_uses == 0;
 }
 
 static size_t deferred_scan(vmm_allocator *a, int wait)
@@ -128,9 +193,6 @@ static size_t deferred_scan(vmm_allocator *a, int wait)
         vmm_block *next = b->dnext;
         if (block_events_done(a, b, wait)) {
             deferred_unlink(a, b);
-            vmm_meta_free(a->meta, b->ext->events, b->ext->cap_events * sizeof *b->ext->events);
-            b->ext->events = NULL;
-            b->ext->cap_events = 0;
             vmm_pool_release(a, b);
             n++;
         }
@@ -243,10 +305,17 @@ void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s)
         vmm_block *b = a->live[i];
         for (uint32_t k = 0; b && k < b->n_uses;) {
             if (b->ext->uses[k] == s)
-                b->ext->uses[k] = b->ext->uses[--b->n_uses];
+                slot_drop(a, b, k);
             else
                 k++;
         }
+    }
+    /* the same for pending frees (their slots on it, recorded or not, are done); a block left
+     * with no slot completes at the next scan */
+    for (vmm_block *b = a->deferred; b; b = b->dnext) {
+        for (uint32_t k = b->n_uses; k-- > 0;)
+            if (b->ext->uses[k] == s)
+                slot_drop(a, b, k);
     }
 }
 
@@ -261,15 +330,22 @@ void vmm_events_shutdown(vmm_allocator *a)
 {
     vmm_events_wait_all(a);
     while (a->deferred) {
-        /* events that could not be waited on: give the blocks back regardless */
+        /* events that could not be waited on, uses that could not be recorded nor synchronized:
+         * give the blocks back regardless */
         vmm_block *b = a->deferred;
-        while (b->ext->n_events)
-            vmm_event_put(a, b->ext->events[--b->ext->n_events]);
+        while (b->n_uses)
+            slot_drop(a, b, b->n_uses - 1);
         deferred_unlink(a, b);
-        vmm_meta_free(a->meta, b->ext->events, b->ext->cap_events * sizeof *b->ext->events);
-        b->ext->events = NULL;
-        b->ext->cap_events = 0;
         vmm_pool_release(a, b);
+    }
+    /* live blocks hold the events prepared for their uses: every event goes back to be destroyed */
+    for (size_t i = 0; i < a->live_cap; i++) {
+        vmm_block *b = a->live[i];
+        for (uint32_t k = 0; b && k < b->n_uses; k++) {
+            if (b->ext->events[k])
+                vmm_event_put(a, b->ext->events[k]);
+            b->ext->events[k] = NULL;
+        }
     }
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
         while (r->fences)

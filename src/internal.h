@@ -48,6 +48,8 @@ enum { VMM_POW2_INTERVALS = 16 };
 typedef struct vmm_config {
     int driver;                          /* VMM_DRIVER_*; default cuda (tests and bench ask for sim) */
     int device;
+    int peer_all;                        /* peer_access:all (default): every peer the driver allows */
+    uint64_t peer_mask;                  /* peer_access:[..]: bit i grants device i */
     int expandable_segments;             /* default 1 */
     size_t max_split_size;               /* bytes; SIZE_MAX = unlimited (default) */
     size_t max_non_split_rounding;       /* bytes; default 20 MiB */
@@ -110,12 +112,21 @@ typedef struct vmm_segment vmm_segment;
 typedef struct vmm_stream_rec vmm_stream_rec;
 
 /* record_stream bookkeeping, allocated on the first record_stream of a block: most blocks never
- * need it, and keeping it out of vmm_block keeps the record at one 128-byte size class. */
+ * need it, and keeping it out of vmm_block keeps the record at one 128-byte size class.
+ *
+ * One slot per use: uses[i] and events[i] (both arrays of capacity cap_uses == cap_events; the
+ * block's n_uses slots are in use). record_stream fills events[i] with an event from the pool,
+ * prepared for uses[i] (event_prepare), so that the free only has to record it; NULL when none
+ * could be had then (the free, or the deferred scan after it, tries again). While the block is
+ * allocated no slot is recorded. Once freed (PENDING), slots [0, n_events) hold events recorded on
+ * their stream and slots [n_events, n_uses) are still unrecorded; a slot leaves (its event back
+ * to the pool) when its event completed, and the block is free when no slot is left. */
 typedef struct vmm_block_ext {
     vmm_stream *uses;          /* record_stream streams other than the block's own */
-    vmm_event *events;         /* pending: one event per used stream */
+    vmm_event *events;         /* parallel to uses: the slot's event, NULL when it has none yet */
     uint32_t cap_uses;
-    uint32_t n_events, cap_events;
+    uint32_t n_events;         /* pending: slots [0, n_events) are recorded */
+    uint32_t cap_events;       /* capacity of events (always cap_uses) */
 } vmm_block_ext;
 
 /* Field order matters: the best-fit walk and the malloc / free pair touch the first 64 bytes
@@ -353,13 +364,24 @@ void vmm_live_free_table(vmm_allocator *a);
 
 /* Stream record of s (created on first use); NULL when out of host memory. */
 vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s);
+/* An idle event from the pool, or a new one (VMM_EHOSTMEM / driver status, message set). */
 int vmm_event_get(vmm_allocator *a, vmm_event *out);
+/* Back to the pool; never fails (the pool has room for every event created). */
 void vmm_event_put(vmm_allocator *a, vmm_event e);
-/* Record events on the block's used streams and put it on the deferred list. */
-int vmm_defer_free(vmm_allocator *a, vmm_block *b);
-/* Poll pending frees; completed ones return to their pool. Never blocks. */
+/* An event for a use of a block on stream s: from the pool and made recordable on s
+ * (event_prepare, when the driver has it). NULL when none could be had; sets no error message
+ * (callers go on without one and try again later). */
+vmm_event vmm_event_for_use(vmm_allocator *a, vmm_stream s);
+/* Free of a block with record_stream uses: record each slot's event on its stream (getting one
+ * first for an empty slot) and put the block on the deferred list. Never fails: a slot that
+ * cannot be recorded now stays unrecorded, and the deferred scan retries it. */
+void vmm_defer_free(vmm_allocator *a, vmm_block *b);
+/* Poll pending frees (retrying unrecorded slots first); completed ones return to their pool.
+ * Never blocks. */
 void vmm_events_process(vmm_allocator *a);
-/* Wait for every pending free (counts num_event_waits); returns how many were waited on. */
+/* Wait for every pending free (counts num_event_waits): unrecorded slots are retried, and when
+ * still impossible their stream is synchronized instead (counted as an event wait too). Returns
+ * how many pending frees completed. */
 size_t vmm_events_wait_all(vmm_allocator *a);
 /* Poll outstanding fences (no blocking). */
 void vmm_fences_poll(vmm_allocator *a);
@@ -398,6 +420,8 @@ int vmm_seg_classic_alloc(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
 size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, int oldest_first);
 /* Destroy every segment, handle and record. */
 void vmm_seg_destroy_all(vmm_allocator *a);
+/* Grant the peers of the peer_access key (vmm_create). VMM_ECONFIG for a listed peer refused. */
+int vmm_seg_peers_init(vmm_allocator *a);
 /* Sum of bytes of cached handles, per pool (for stats checks). */
 size_t vmm_handles_bytes(const vmm_allocator *a, int pool);
 /* Quarantine entry (see vmm_quarantined) covering va, NULL when none (vmm_check). */

@@ -4,9 +4,13 @@
  *
  * Every block is one host allocation of a power-of-two size class; blocks are never split, so a
  * free block of class c serves any request that rounds to c. A block is in one of three places:
- *  - live:    handed out; `uses` lists the streams it is used on (the allocation stream first);
+ *  - live:    handed out; `uses` lists the streams it is used on (the allocation stream first),
+ *             each with an event taken and prepared for it (event_prepare) when the use was
+ *             recorded, so that the free needs nothing it could fail to get;
  *  - pending: freed, with one event recorded on each used stream, on the FIFO pending list;
  *  - cached:  every event completed, on the free list of its class.
+ * A use whose event could not be had (or recorded) at free time stays unrecorded: the free still
+ * succeeds, and polling records it later (late is safe: it covers more work than needed).
  * All blocks are in one hash table by address (bad-pointer checks, record_stream). Pending blocks
  * move to their free list when polling finds all their events complete; polling happens at each
  * malloc and empty_cache, and never blocks. host_free synchronizes the device (cudaFreeHost does),
@@ -36,10 +40,10 @@ typedef struct pin_block {
     size_t requested;
     int shift;
     pin_state state;
-    vmm_stream *uses;             /* live: streams using it ([0] the allocation stream) */
+    vmm_stream *uses;             /* streams using it ([0] the allocation stream) */
     uint32_t n_uses, cap_uses;
-    vmm_event *events;            /* pending: one per use, same capacity as uses */
-    uint32_t n_events;
+    vmm_event *events;            /* one per use, same capacity as uses; NULL: none yet */
+    uint32_t n_events;            /* pending: uses [0, n_events) are recorded, the rest not yet */
     struct pin_block *hnext;      /* hash chain */
     struct pin_block *prev, *next; /* pending list or free list of its class */
 } pin_block;
@@ -199,18 +203,19 @@ static void pending_unlink(vmm_pinned *p, pin_block *b)
 
 /* ---- events -------------------------------------------------------------------------------- */
 
-static int event_get(vmm_pinned *p, vmm_event *out)
+/* An idle event or a new one; 0, or -1 (no message: callers go on without and retry later). */
+static int event_take(vmm_pinned *p, vmm_event *out)
 {
     if (p->n_idle) {
         *out = p->idle_events[--p->n_idle];
-        return VMM_OK;
+        return 0;
     }
     /* room to take it back first, so event_put never fails */
     if ((size_t)p->st.num_events + 1 > p->cap_idle) {
         size_t ncap = p->cap_idle ? p->cap_idle * 2 : 16;
         vmm_event *ne = vmm_meta_alloc(p->meta, ncap * sizeof *ne);
         if (!ne)
-            return vmm_fail(VMM_EHOSTMEM, "pinned memory: out of host memory for events");
+            return -1;
         if (p->idle_events) {
             memcpy(ne, p->idle_events, p->n_idle * sizeof *ne);
             vmm_meta_free(p->meta, p->idle_events, p->cap_idle * sizeof *ne);
@@ -218,29 +223,78 @@ static int event_get(vmm_pinned *p, vmm_event *out)
         p->idle_events = ne;
         p->cap_idle = ncap;
     }
-    int r = p->drv->ops->event_create(p->drv, out);
-    if (r)
-        return vmm_fail_drv(r, "pinned memory: event_create");
+    if (p->drv->ops->event_create(p->drv, out) != VMM_DRV_SUCCESS)
+        return -1;
     p->st.num_events++;
-    return VMM_OK;
+    return 0;
 }
 
 static void event_put(vmm_pinned *p, vmm_event e) { p->idle_events[p->n_idle++] = e; }
 
-/* Poll the pending blocks (oldest first, all of them: streams complete out of order). A block whose
- * events all completed goes to its free list. Never blocks. */
+/* An event made recordable on stream s (which may belong to any device's context), or NULL. */
+static vmm_event event_for_use(vmm_pinned *p, vmm_stream s)
+{
+    vmm_event e = NULL;
+    if (event_take(p, &e))
+        return NULL;
+    if (p->drv->ops->event_prepare && p->drv->ops->event_prepare(p->drv, e, s) != VMM_DRV_SUCCESS) {
+        event_put(p, e);
+        return NULL;
+    }
+    return e;
+}
+
+/* Take use i out, its event (if any) back to the pool, keeping the recorded uses in front. */
+static void slot_drop(vmm_pinned *p, pin_block *b, uint32_t i)
+{
+    if (b->events[i])
+        event_put(p, b->events[i]);
+    uint32_t last = b->n_uses - 1;
+    if (i < b->n_events) {
+        uint32_t last_rec = b->n_events - 1;
+        b->uses[i] = b->uses[last_rec];
+        b->events[i] = b->events[last_rec];
+        b->uses[last_rec] = b->uses[last];
+        b->events[last_rec] = b->events[last];
+        b->n_events--;
+    } else {
+        b->uses[i] = b->uses[last];
+        b->events[i] = b->events[last];
+    }
+    b->n_uses--;
+}
+
+/* Record the unrecorded uses that can be (an event got and prepared first where missing). */
+static void slots_record(vmm_pinned *p, pin_block *b)
+{
+    for (uint32_t i = b->n_events; i < b->n_uses; i++) {
+        if (!b->events[i] && !(b->events[i] = event_for_use(p, b->uses[i])))
+            continue;
+        if (p->drv->ops->event_record(p->drv, b->events[i], b->uses[i]) != VMM_DRV_SUCCESS)
+            continue; /* keeps its prepared event: retried at the next poll */
+        uint32_t k = b->n_events++;
+        vmm_stream su = b->uses[i];
+        vmm_event se = b->events[i];
+        b->uses[i] = b->uses[k];
+        b->events[i] = b->events[k];
+        b->uses[k] = su;
+        b->events[k] = se;
+    }
+}
+
+/* Poll the pending blocks (oldest first, all of them: streams complete out of order), recording
+ * the uses not recorded yet first. A block with every use recorded and completed goes to its free
+ * list. Never blocks. */
 static void pending_poll(vmm_pinned *p)
 {
     for (pin_block *b = p->pending_head, *next; b; b = next) {
         next = b->next;
-        while (b->n_events) {
-            vmm_event e = b->events[b->n_events - 1];
-            if (p->drv->ops->event_query(p->drv, e) != VMM_DRV_SUCCESS)
-                break; /* not ready, or a failing query: keep it, ask again later */
-            event_put(p, e);
-            b->n_events--;
-        }
-        if (b->n_events == 0) {
+        if (b->n_events < b->n_uses)
+            slots_record(p, b);
+        for (uint32_t i = b->n_events; i-- > 0;)
+            if (p->drv->ops->event_query(p->drv, b->events[i]) == VMM_DRV_SUCCESS)
+                slot_drop(p, b, i); /* else not ready, or a failing query: ask again later */
+        if (b->n_uses == 0) {
             pending_unlink(p, b);
             free_push(p, b);
         }
@@ -312,6 +366,7 @@ static int block_reserve_use(vmm_pinned *p, pin_block *b)
     }
     if (b->uses) {
         memcpy(nu, b->uses, b->n_uses * sizeof *nu);
+        memcpy(ne, b->events, b->n_uses * sizeof *ne);
         vmm_meta_free(p->meta, b->uses, b->cap_uses * sizeof *nu);
         vmm_meta_free(p->meta, b->events, b->cap_uses * sizeof *ne);
     }
@@ -395,7 +450,9 @@ VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, 
         b->state = PIN_LIVE;
         b->requested = size;
         b->uses[0] = stream; /* capacity is at least PIN_USES_MIN */
+        b->events[0] = event_for_use(p, stream); /* NULL: the free tries again */
         b->n_uses = 1;
+        b->n_events = 0;
         stats_live(p, b, 1);
         *ptr = b->ptr;
     }
@@ -432,29 +489,14 @@ VMM_API int vmm_pinned_free(vmm_allocator *a, void *ptr)
     if (!b) {
         rc = VMM_EBADPTR;
     } else {
-        /* events first; on failure give back those taken and leave the block live */
-        uint32_t n = 0;
-        for (; n < b->n_uses; n++) {
-            rc = event_get(p, &b->events[n]);
-            if (rc)
-                break;
-            int r = p->drv->ops->event_record(p->drv, b->events[n], b->uses[n]);
-            if (r) {
-                event_put(p, b->events[n]);
-                rc = vmm_fail_drv(r, "vmm_pinned_free: event_record");
-                break;
-            }
-        }
-        if (rc) {
-            while (n)
-                event_put(p, b->events[--n]);
-        } else {
-            b->n_events = n;
-            b->n_uses = 0;
-            stats_live(p, b, -1);
-            b->requested = 0;
-            pending_append(p, b);
-        }
+        /* Record the events prepared when the uses were recorded. Cannot fail: a use that cannot
+         * be recorded now stays unrecorded and polling retries it, so a caller that cannot retry
+         * a failed free never leaks the block. */
+        b->n_events = 0;
+        slots_record(p, b);
+        stats_live(p, b, -1);
+        b->requested = 0;
+        pending_append(p, b);
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
@@ -480,9 +522,16 @@ VMM_API int vmm_pinned_record_stream(vmm_allocator *a, void *ptr, vmm_stream str
             i++;
         if (i == b->n_uses) {
             rc = block_reserve_use(p, b);
-            if (rc == VMM_OK)
-                b->uses[b->n_uses++] = stream;
+            if (rc == VMM_OK) {
+                b->uses[i] = stream;
+                b->events[i] = NULL;
+                b->n_uses++;
+            }
         }
+        /* the free's event, now (prepared for `stream`, maybe another device's); without one the
+         * use is kept all the same and the free tries again */
+        if (rc == VMM_OK && !b->events[i])
+            b->events[i] = event_for_use(p, stream);
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
@@ -622,17 +671,31 @@ void vmm_pinned_destroy(vmm_allocator *a)
     if (!p)
         return;
     pthread_mutex_lock(&p->mu);
-    /* Pending blocks: vmm_destroy may wait, and must before the memory goes. */
+    /* Pending blocks: vmm_destroy may wait, and must before the memory goes. A use that still
+     * cannot be recorded is waited for by synchronizing its stream. */
     for (pin_block *b = p->pending_head; b; b = b->next) {
-        while (b->n_events) {
-            vmm_event e = b->events[--b->n_events];
-            if (p->drv->ops->event_query(p->drv, e) != VMM_DRV_SUCCESS) {
-                p->drv->ops->event_sync(p->drv, e);
+        if (b->n_events < b->n_uses)
+            slots_record(p, b);
+        for (uint32_t i = 0; i < b->n_uses; i++) {
+            if (i < b->n_events) {
+                if (p->drv->ops->event_query(p->drv, b->events[i]) != VMM_DRV_SUCCESS) {
+                    p->drv->ops->event_sync(p->drv, b->events[i]);
+                    p->st.num_event_waits++;
+                }
+            } else {
+                p->drv->ops->stream_sync(p->drv, b->uses[i]);
                 p->st.num_event_waits++;
             }
-            event_put(p, e);
         }
+        while (b->n_uses)
+            slot_drop(p, b, b->n_uses - 1);
     }
+    /* live blocks hold the events prepared for their uses */
+    for (size_t i = 0; i < p->table_cap; i++)
+        for (pin_block *b = p->table[i]; b; b = b->hnext)
+            if (b->state == PIN_LIVE)
+                while (b->n_uses)
+                    slot_drop(p, b, b->n_uses - 1);
     if (p->st.allocations.current)
         fprintf(stderr, "vmmalloc: vmm_destroy: %lld pinned block(s), %lld bytes, still allocated; "
                         "returning their memory anyway\n",

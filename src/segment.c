@@ -774,3 +774,78 @@ void vmm_seg_destroy_all(vmm_allocator *a)
     a->fh = NULL;
     a->cap_fh = 0;
 }
+
+/* ---- peer access ---------------------------------------------------------------------------- */
+
+/* set_access again over every mapped run of every expandable segment, so a peer added now reaches
+ * memory mapped before. Quarantined pages are not in the page table and are never handed out. */
+static int seg_regrant_all(vmm_allocator *a)
+{
+    for (vmm_segment *s = a->segs; s; s = s->next) {
+        if (!s->expandable)
+            continue;
+        size_t ps = s->page_size;
+        for (size_t pg = 0; pg < s->n_pages;) {
+            if (!s->pages[pg]) {
+                pg++;
+                continue;
+            }
+            size_t end = pg;
+            while (end < s->n_pages && s->pages[end])
+                end++;
+            int r = a->drv->ops->set_access(a->drv, s->base + pg * ps, (end - pg) * ps);
+            if (r)
+                return vmm_fail_drv(r, "vmm_enable_peer_access: set_access");
+            pg = end;
+        }
+    }
+    return VMM_OK;
+}
+
+static int peer_enable(vmm_allocator *a, int peer)
+{
+    if (!a->drv->ops->peer_enable)
+        return peer == a->dev.ordinal ? VMM_OK
+                                      : vmm_fail(VMM_ENOTSUP, "peer access to device %d: the %s driver "
+                                                              "has no peer devices", peer, a->drv->ops->name);
+    int r = a->drv->ops->peer_enable(a->drv, peer);
+    if (r == VMM_DRV_NOT_SUPPORTED)
+        return vmm_fail(VMM_ENOTSUP, "peer access: device %d cannot access the memory of device %d "
+                                     "(cuDeviceCanAccessPeer says no)", peer, a->dev.ordinal);
+    if (r)
+        return vmm_fail(vmm_status_from_drv(r), "peer access to device %d: %s (%d)", peer,
+                        vmm_drv_result_name(r), r);
+    return VMM_OK;
+}
+
+int vmm_seg_peers_init(vmm_allocator *a)
+{
+    if (a->cfg.peer_all) {
+        /* every peer the driver allows; the others simply stay without access */
+        for (int i = 0; a->drv->ops->peer_enable && i < a->dev.device_count && i < 64; i++)
+            if (i != a->dev.ordinal)
+                (void)a->drv->ops->peer_enable(a->drv, i);
+        return VMM_OK;
+    }
+    for (int i = 0; i < 64; i++)
+        if (a->cfg.peer_mask >> i & 1) {
+            int rc = peer_enable(a, i);
+            if (rc)
+                return vmm_fail(rc == VMM_ENOTSUP ? VMM_ECONFIG : rc, "peer_access: %s", vmm_last_error());
+        }
+    return VMM_OK;
+}
+
+VMM_API int vmm_enable_peer_access(vmm_allocator *a, int peer)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_enable_peer_access: allocator is NULL");
+    if (peer < 0)
+        return vmm_fail(VMM_EINVAL, "vmm_enable_peer_access: device %d is negative", peer);
+    vmm_lock(a);
+    int rc = peer_enable(a, peer);
+    if (rc == VMM_OK && peer != a->dev.ordinal)
+        rc = seg_regrant_all(a);
+    vmm_unlock(a);
+    return rc;
+}

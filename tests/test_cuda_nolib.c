@@ -60,7 +60,33 @@ static int child(const char *expect)
     if (strcmp(expect, "stub") == 0) {
         expect_open_fails(VMM_DRV_NOT_INITIALIZED, "stub library");
     } else if (strcmp(expect, "nosym") == 0) {
-        expect_open_fails(VMM_DRV_NOT_INITIALIZED, "no cuGetProcAddress");
+        expect_open_fails(VMM_DRV_NOT_SUPPORTED, "no cuGetProcAddress");
+    } else if (strcmp(expect, "old") == 0) {
+        /* the double reporting an 11.8 driver */
+        expect_open_fails(VMM_DRV_NOT_SUPPORTED, "vmmalloc needs a driver for CUDA 12.0");
+    } else if (strcmp(expect, "initfail") == 0) {
+        /* a broken driver: cuInit's own result, named by the driver, and not "no GPU" */
+        char msg[MSG_LEN];
+        vmm_driver *d = NULL;
+        int r = vmm_driver_cuda_open(0, &d, msg, sizeof msg);
+        fprintf(stderr, "open: %s (%d): %s\n", vmm_drv_result_name(r), r, msg);
+        CHECK_EQ(r, 304); /* CUDA_ERROR_OPERATING_SYSTEM */
+        CHECK(strstr(msg, "CUDA_ERROR_OPERATING_SYSTEM") != NULL);
+        CHECK(strcmp(vmm_drv_result_name(r), "CUDA_ERROR_OPERATING_SYSTEM") == 0);
+        CHECK_EQ(vmm_test_gpu_gate(r, msg), 1); /* a gpu test fails, it does not skip */
+        CHECK(d == NULL);
+    } else if (strcmp(expect, "nodevice") == 0) {
+        char msg[MSG_LEN];
+        vmm_driver *d = NULL;
+        int r = vmm_driver_cuda_open(0, &d, msg, sizeof msg);
+        CHECK_EQ(r, VMM_DRV_NO_DEVICE);
+        unsetenv("VMM_EXPECT_CUDA_DOUBLE");
+        CHECK_EQ(vmm_test_gpu_gate(r, msg), 77); /* a gpu test skips */
+    } else if (strcmp(expect, "baddevice") == 0) {
+        char msg[MSG_LEN];
+        vmm_driver *d = NULL;
+        CHECK_EQ(vmm_driver_cuda_open(5, &d, msg, sizeof msg), VMM_DRV_INVALID_DEVICE);
+        CHECK(strstr(msg, "cuDeviceGet(5)") != NULL);
     } else if (strcmp(expect, "absent") == 0) {
         /* Whether the system has a libcuda.so.1 decides what can be expected: on a machine with
          * a driver the search falls through to it. */
@@ -93,8 +119,9 @@ static int child(const char *expect)
 
 /* ---- parent side --------------------------------------------------------------------------------- */
 
-/* Run this program as a child with LD_LIBRARY_PATH=libdir checking case `expect`; its exit code. */
-static int run_child(const char *libdir, const char *expect)
+/* Run this program as a child with LD_LIBRARY_PATH=libdir checking case `expect`, with the
+ * environment variable `env` ("NAME=value", or NULL) set; its exit code. */
+static int run_child_env(const char *libdir, const char *expect, const char *env)
 {
     fflush(NULL);
     pid_t pid = fork();
@@ -102,6 +129,8 @@ static int run_child(const char *libdir, const char *expect)
         return -1;
     if (pid == 0) {
         setenv("LD_LIBRARY_PATH", libdir, 1);
+        if (env)
+            putenv((char *)env);
         char *const args[] = {"test_cuda_nolib", "--child", (char *)expect, NULL};
         execv("/proc/self/exe", args);
         _exit(127);
@@ -111,6 +140,8 @@ static int run_child(const char *libdir, const char *expect)
         return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
+
+static int run_child(const char *libdir, const char *expect) { return run_child_env(libdir, expect, NULL); }
 
 /* A temp directory holding libcuda.so.1 as a link to `target`; path written to dir. */
 static int make_libdir(char *dir, size_t len, const char *target)
@@ -208,6 +239,18 @@ int main(int argc, char **argv)
         /* The stub comes with every toolkit that provides cuda.h; a cuda build without it is odd
          * but possible (headers copied alone): say so rather than fail. */
         fprintf(stderr, "note: no CUDA stub libcuda.so found; stub case not run\n");
+    }
+
+    /* 4. The CUDA double (tests/cudadouble) playing drivers that are there but unusable. */
+    const char *dbl = getenv("VMM_CUDADOUBLE_DIR");
+    if (dbl && *dbl) {
+        CHECK_EQ(run_child_env(dbl, "old", "CUDADOUBLE_DRIVER_VERSION=11080"), 0);
+        CHECK_EQ(run_child_env(dbl, "initfail", "CUDADOUBLE_FAIL_INIT=304"), 0);
+        CHECK_EQ(run_child_env(dbl, "nodevice", "CUDADOUBLE_DEVICES=0"), 0);
+        CHECK_EQ(run_child_env(dbl, "baddevice", "CUDADOUBLE_DEVICES=2"), 0);
+    } else {
+        fprintf(stderr, "note: VMM_CUDADOUBLE_DIR not set (no double built): driver-version and cuInit "
+                        "cases not run\n");
     }
     TEST_DONE();
 }

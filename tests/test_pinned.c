@@ -334,16 +334,19 @@ static void test_injected_failures(void)
     CHECK(memcmp(&s, &s2, sizeof s) == 0);
     CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_HOST_ALLOC, 0.0, 7));
 
-    /* event_record fails at free: the block stays allocated and can be freed later */
+    /* event_record fails at free: the free succeeds all the same (a caller that cannot retry a
+     * failed free would leak the block), the use is recorded by the next poll */
     CHECK_OK(vmm_sim_fail_nth(a, VMM_SIM_CALL_EVENT_RECORD, 1));
-    CHECK_EQ(vmm_pinned_free(a, big), VMM_EDRIVER);
-    CHECK_EQ(vmm_pinned_usable_size(a, big), 1 << 16);
-    s = pstats(a);
-    CHECK_EQ(s.allocations.current, 1);
     CHECK_OK(vmm_pinned_free(a, big));
+    CHECK_EQ(vmm_pinned_usable_size(a, big), 0);
+    CHECK_EQ(vmm_pinned_free(a, big), VMM_EBADPTR);
+    s = pstats(a);
+    CHECK_EQ(s.allocations.current, 0);
+    CHECK_EQ(s.pending_blocks, 1);
     vmm_destroy(a);
 
-    /* event_create fails at free (a fresh allocator has no idle event): same */
+    /* the events are taken when the uses are recorded (malloc, record_stream): a free with event
+     * creation failing needs none */
     CHECK_OK(vmm_create(CONF, &a));
     if (!a)
         return;
@@ -351,17 +354,162 @@ static void test_injected_failures(void)
     CHECK_OK(vmm_sim_stream_create(a, &s1));
     CHECK_OK(vmm_pinned_malloc(a, 1 << 16, NULL, &big));
     CHECK_OK(vmm_pinned_record_stream(a, big, s1));
-    CHECK_OK(vmm_sim_fail_nth(a, VMM_SIM_CALL_EVENT_CREATE, 2)); /* the second of two */
-    CHECK_EQ(vmm_pinned_free(a, big), VMM_EDRIVER);
-    CHECK_EQ(vmm_pinned_usable_size(a, big), 1 << 16);
     s = pstats(a);
-    CHECK_EQ(s.num_events, 1);       /* the first one, back in the idle pool */
-    CHECK_EQ(s.pending_blocks, 0);
+    CHECK_EQ(s.num_events, 2);
+    CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_EVENT_CREATE, 1.0, 9));
     CHECK_OK(vmm_pinned_free(a, big));
     s = pstats(a);
     CHECK_EQ(s.num_events, 2);
     CHECK_EQ(s.pending_blocks + s.cached_blocks, 1);
     vmm_destroy(a);
+}
+
+static vmm_sim_counters sim_counters(vmm_allocator *a)
+{
+    vmm_sim_counters c;
+    memset(&c, 0, sizeof c);
+    CHECK_OK(vmm_sim_get_counters(a, &c));
+    return c;
+}
+
+/* Allocate `size` on `stream` n times while blk must stay out (kept in keep[]). */
+static void check_not_reused(vmm_allocator *a, void *blk, size_t size, vmm_stream stream,
+                             void **keep, int n)
+{
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(vmm_pinned_malloc(a, size, stream, &keep[i]));
+        CHECK(keep[i] != NULL && keep[i] != blk);
+    }
+}
+
+/* Event creation fails when the uses are recorded (malloc, record_stream), and, in the second
+ * round, at free time too: the free succeeds, the block is not handed out while the used stream
+ * is busy (the polls record the uses once events can be had, behind that work), and comes back
+ * after it. */
+static void test_free_events_create_fails(void)
+{
+    for (int again_at_free = 0; again_at_free < 2; again_at_free++) {
+        vmm_allocator *a = NULL;
+        CHECK_OK(vmm_create(CONF, &a));
+        if (!a)
+            return;
+        vmm_stream s1, s2;
+        CHECK_OK(vmm_sim_stream_create(a, &s1));
+        CHECK_OK(vmm_sim_stream_create(a, &s2));
+        gate g;
+        gate_init(&g);
+        void *blk = NULL, *keep[4];
+        CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_EVENT_CREATE, 1.0, 10));
+        CHECK_OK(vmm_pinned_malloc(a, 8192, s1, &blk));
+        CHECK_OK(vmm_pinned_record_stream(a, blk, s2));
+        CHECK_EQ(pstats(a).num_events, 0);
+        if (!again_at_free)
+            CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_EVENT_CREATE, 0.0, 10));
+        CHECK_OK(vmm_sim_launch(a, s2, gate_wait_fn, &g)); /* s2 still reads blk */
+        CHECK_OK(vmm_pinned_free(a, blk));
+        vmm_pinned_stats st = pstats(a);
+        CHECK_EQ(st.allocations.current, 0);
+        CHECK_EQ(st.pending_blocks, 1);
+        CHECK_EQ(st.num_events, again_at_free ? 0 : 2);
+        check_not_reused(a, blk, 8192, s1, keep, 2);
+        if (again_at_free) {
+            CHECK_EQ(pstats(a).pending_blocks, 1);
+            CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_EVENT_CREATE, 0.0, 10));
+        }
+        check_not_reused(a, blk, 8192, s1, keep + 2, 1); /* this poll records the uses */
+        CHECK(pstats(a).num_events >= 2);
+        vmm_test_sleep_ms(20);
+        check_not_reused(a, blk, 8192, s1, keep + 3, 1);
+        CHECK_EQ(pstats(a).pending_blocks, 1);
+        gate_open(&g);
+        CHECK_OK(vmm_sim_synchronize(a));
+        void *q = NULL;
+        CHECK_OK(vmm_pinned_malloc(a, 8192, s1, &q));
+        CHECK(q == blk); /* the only cached block of its class */
+        CHECK_EQ(pstats(a).pending_blocks, 0);
+        CHECK_OK(vmm_pinned_free(a, q));
+        for (int i = 0; i < 4; i++)
+            CHECK_OK(vmm_pinned_free(a, keep[i]));
+        vmm_destroy(a);
+        gate_destroy(&g);
+    }
+}
+
+/* event_record fails at free time: the free succeeds, the use stays unrecorded until the next
+ * poll records it (behind s2's work), and the block comes back only after that work. */
+static void test_free_events_record_fails(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    if (!a)
+        return;
+    vmm_stream s1, s2;
+    CHECK_OK(vmm_sim_stream_create(a, &s1));
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    gate g;
+    gate_init(&g);
+    void *blk = NULL, *keep[3];
+    CHECK_OK(vmm_pinned_malloc(a, 4096, s1, &blk));
+    CHECK_OK(vmm_pinned_record_stream(a, blk, s2));
+    CHECK_OK(vmm_sim_launch(a, s2, gate_wait_fn, &g));
+    CHECK_OK(vmm_sim_fail_nth(a, VMM_SIM_CALL_EVENT_RECORD, 2)); /* s2's (s1's is first) */
+    CHECK_OK(vmm_pinned_free(a, blk));
+    CHECK_EQ(sim_counters(a).failures[VMM_SIM_CALL_EVENT_RECORD], 1);
+    CHECK_EQ(pstats(a).pending_blocks, 1);
+    check_not_reused(a, blk, 4096, s1, keep, 2);
+    vmm_test_sleep_ms(20);
+    check_not_reused(a, blk, 4096, s1, keep + 2, 1);
+    CHECK_EQ(pstats(a).pending_blocks, 1);
+    gate_open(&g);
+    CHECK_OK(vmm_sim_synchronize(a));
+    void *q = NULL;
+    CHECK_OK(vmm_pinned_malloc(a, 4096, s1, &q));
+    CHECK(q == blk);
+    CHECK_OK(vmm_pinned_free(a, q));
+    for (int i = 0; i < 3; i++)
+        CHECK_OK(vmm_pinned_free(a, keep[i]));
+    vmm_destroy(a);
+    gate_destroy(&g);
+}
+
+/* No event can ever be created: every free succeeds, empty_cache keeps the pending blocks (their
+ * uses are unrecorded), and vmm_destroy waits for their streams and returns everything, also with
+ * the stream syncs failing. */
+static void test_free_events_never(void)
+{
+    for (int sync_fails = 0; sync_fails < 2; sync_fails++) {
+        vmm_allocator *a = NULL;
+        CHECK_OK(vmm_create(CONF, &a));
+        if (!a)
+            return;
+        vmm_stream s1, s2;
+        CHECK_OK(vmm_sim_stream_create(a, &s1));
+        CHECK_OK(vmm_sim_stream_create(a, &s2));
+        CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_EVENT_CREATE, 1.0, 11));
+        void *p[6];
+        for (int i = 0; i < 6; i++) {
+            CHECK_OK(vmm_pinned_malloc(a, (size_t)1024 << i, i % 2 ? s1 : s2, &p[i]));
+            CHECK_OK(vmm_pinned_record_stream(a, p[i], i % 2 ? s2 : s1));
+        }
+        for (int i = 0; i < 5; i++)
+            CHECK_OK(vmm_pinned_free(a, p[i]));
+        CHECK_OK(vmm_sim_synchronize(a));
+        CHECK_OK(vmm_pinned_empty_cache(a));
+        vmm_pinned_stats st = pstats(a);
+        CHECK_EQ(st.pending_blocks, 5); /* unrecorded: not reusable, not released */
+        CHECK_EQ(st.num_events, 0);
+        CHECK_EQ(st.segments.current, 6);
+        if (sync_fails)
+            CHECK_OK(vmm_sim_fail_random(a, VMM_SIM_CALL_STREAM_SYNC, 1.0, 12));
+        fprintf(stderr, "(a report of 1 live pinned block is expected next)\n");
+        vmm_destroy(a); /* p[5] still live */
+        vmm_sim_counters g;
+        vmm_sim_global_live(&g);
+        CHECK_EQ(g.host_bytes, 0);
+        CHECK_EQ(g.live_host_allocs, 0);
+        CHECK_EQ(g.live_events, 0);
+        CHECK_EQ(g.live_streams, 0);
+    }
 }
 
 typedef struct worker_arg {
@@ -468,6 +616,9 @@ int main(void)
     test_record_stream();
     test_bad_pointers();
     test_injected_failures();
+    test_free_events_create_fails();
+    test_free_events_record_fails();
+    test_free_events_never();
     test_threads();
     test_destroy_returns_all();
     /* nothing of any simulated device is left, pinned memory included */

@@ -1,5 +1,6 @@
 #include "testutil.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,4 +90,59 @@ void vmm_test_check_no_sim_leaks(void)
     CHECK_EQ(g.live_classic_allocs, 0);
     CHECK_EQ(g.live_streams, 0);
     CHECK_EQ(g.live_events, 0);
+}
+
+int vmm_test_cuda_is_double(void)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib)
+        return 0;
+    int is_double = dlsym(lib, "cudadouble_hooks_table") != NULL;
+    dlclose(lib);
+    return is_double;
+}
+
+int vmm_test_gpu_gate(int r, const char *msg)
+{
+    const char *expect = getenv("VMM_EXPECT_CUDA_DOUBLE");
+    int want_double = expect && strcmp(expect, "1") == 0;
+    if (r != 0) {
+        int no_gpu = r == 3 /* NOT_INITIALIZED */ || r == 100 /* NO_DEVICE */;
+        if (no_gpu && !want_double) {
+            printf("no usable GPU (skipped): result %d: %s\n", r, msg ? msg : "");
+            return 77;
+        }
+        fprintf(stderr, "opening the cuda driver failed: result %d: %s%s\n", r, msg ? msg : "",
+                want_double ? " (this run expects the CUDA double: is its directory on LD_LIBRARY_PATH?)"
+                            : " (not a missing driver or device: a broken driver is a failure)");
+        return 1;
+    }
+    int is_double = vmm_test_cuda_is_double();
+    if (is_double != want_double) {
+        fprintf(stderr, "%s\n", is_double ? "libcuda.so.1 is the CUDA test double but VMM_EXPECT_CUDA_DOUBLE "
+                                            "is not set: a GPU run must not pick it up"
+                                          : "VMM_EXPECT_CUDA_DOUBLE=1 but libcuda.so.1 is not the double");
+        return 1;
+    }
+    printf("cuda driver: %s\n", is_double ? "the CUDA double (tests/cudadouble)" : "a real libcuda.so.1");
+    return 0;
+}
+
+void *vmm_test_cu_proc(const char *symbol)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib)
+        return NULL;
+    void *sym = dlsym(lib, "cuGetProcAddress_v2");
+    dlclose(lib); /* still loaded: the library under test holds it */
+    if (!sym)
+        return NULL;
+    /* CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, int *) */
+    int (*get_proc)(const char *, void **, int, unsigned long long, int *);
+    memcpy(&get_proc, &sym, sizeof sym);
+    void *fn = NULL;
+    int status = 0;
+    if (get_proc(symbol, &fn, 12000, 1 /* CU_GET_PROC_ADDRESS_LEGACY_STREAM */, &status) != 0 || status != 0)
+        return NULL;
+    return fn;
 }

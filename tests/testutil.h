@@ -81,4 +81,19 @@ void vmm_test_gate_wait(void *gate);
  * start), else python3 from PATH; NULL when there is none. */
 const char *vmm_test_python(void);
 
+/* gpu tests: what to do after trying to open the cuda driver with result `r` (a vmm_drv_result)
+ * and message `msg`. Returns 77 (skip) only when no CUDA driver is installed (NOT_INITIALIZED: no
+ * libcuda.so.1 or the toolkit's stub) or it sees no device (NO_DEVICE); 1 (fail) for any other
+ * failure, and for every failure when VMM_EXPECT_CUDA_DOUBLE=1 (the run is meant to use the CUDA
+ * double, tests/cudadouble); 0 to go on. When the open succeeded it also fails (1) if the loaded
+ * libcuda.so.1 is the double while VMM_EXPECT_CUDA_DOUBLE is unset, or a real driver while it is
+ * set: the double must never pass for a GPU, nor a GPU for the double. Prints why. */
+int vmm_test_gpu_gate(int r, const char *msg);
+/* A CUDA Driver API entry point of the libcuda.so.1 already loaded in this process, resolved with
+ * cuGetProcAddress_v2 at version 12000 (as the library resolves its own), for tests that observe
+ * the driver directly; NULL when not loaded or not found. Cast to the PFN of that version. */
+void *vmm_test_cu_proc(const char *symbol);
+/* 1 when the libcuda.so.1 loaded in this process is the CUDA double. */
+int vmm_test_cuda_is_double(void);
+
 #endif
