@@ -122,4 +122,12 @@ typedef struct bench_latency_opts {
 } bench_latency_opts;
 int bench_latency(const bench_latency_opts *o);
 
+/* ---- frames.c -------------------------------------------------------------------------------- */
+typedef struct bench_frames_opts {
+    int quick; /* fewer rounds, for smoke tests */
+    int json;
+} bench_frames_opts;
+/* Cost per malloc and free of history recording without and with native call stacks. */
+int bench_frames(const bench_frames_opts *o);
+
 #endif

@@ -3,12 +3,17 @@
 shown under the command that produced it; the target checks are computed from the --json output.
 Standard library only.
 
-usage: bench/benchmarks_md.py BUILD_DIR [--out docs/benchmarks.md] [--quick]
+usage: bench/benchmarks_md.py BUILD_DIR [--out docs/benchmarks.md] [--quick] [--workloads DIR]
 Run from the repository root, with a Release build (cmake -DCMAKE_BUILD_TYPE=Release).
+--workloads: the directory of PyTorch traces (*.trace.csv, *.pickle) replayed for the targets;
+default $VMM_WORKLOADS, else ../shared/workloads/pytorch (the development checkout's copy). The
+document names that directory `$W` and says where each trace comes from publicly (TRACE_SOURCES),
+so it never points at a path a reader's clone does not have.
 """
 
 import argparse
 import datetime
+import filecmp
 import glob
 import json
 import os
@@ -43,8 +48,45 @@ def machine():
             f"load average at start {load[0]:.1f} (other jobs shared the machine)")
 
 
-def block(cmd, out):
-    return f"```\n$ {shlex.join(cmd)}\n{out.rstrip()}\n```\n"
+# Where each trace replayed for the targets comes from (the licence files travel with the traces).
+BCRAFTON = ("`memory_snapshot.pickle` from github.com/bcrafton/assignment2-systems, commit 0c0e8a7 (MIT): a "
+            "`torch.cuda.memory._dump_snapshot` of one AdamW training step of GPT-2 small (d_model 768, "
+            "12 layers, vocab 50257, `torch.compile`, batch 1, context 64) recorded after 10 warm-up steps")
+TRACE_SOURCES = {
+    "cs336_bcrafton_memory_snapshot.pickle": BCRAFTON + ".",
+    "cs336_bcrafton_gpt2small_compiled_trainstep.trace.csv":
+        "the device trace of " + BCRAFTON + ", flattened to `action,addr,size,stream,time_us` by "
+        "`bench/snapshot_to_trace.py`.",
+    "decomfl_opt_zo_fedft.trace.csv":
+        "`memory.pickle` from github.com/ZidongLiu/DeComFL, commit edd30e0 (Apache-2.0), flattened to the "
+        "same CSV: a multi-step zeroth-order federated fine-tuning run of an OPT language model.",
+    "cs336_wedsonlin_medium1024_train.trace.csv":
+        "`results/medium_1024_training_memory_snapshot.pickle` from github.com/Wedsonlin/assignment2-systems, "
+        "commit 8630bcf (MIT), flattened to the same CSV: one full training step of a medium Transformer LM "
+        "at context 1024, recorded after warm-up steps.",
+}
+IN_REPO = "bench/data/gpt2small_trainstep.trace.csv"
+
+
+def block(cmd, out, shown=None):
+    return f"```\n$ {shown or shlex.join(cmd)}\n{out.rstrip()}\n```\n"
+
+
+def shown_cmd(cmd, path):
+    """The command as the document shows it: the workloads directory written as $W."""
+    return shlex.join(cmd).replace(shlex.quote(path), "$W/" + os.path.basename(path))
+
+
+def workloads_intro(traces):
+    lines = ["`$W` below is a directory holding these traces; they are not part of this repository (except "
+             f"where noted), but each is public:\n"]
+    for t in traces:
+        name = os.path.basename(t)
+        src = TRACE_SOURCES.get(name, "source not recorded in bench/benchmarks_md.py (TRACE_SOURCES).")
+        if os.path.exists(IN_REPO) and filecmp.cmp(t, IN_REPO, shallow=False):
+            src += f" Byte-identical to `{IN_REPO}` in this repository."
+        lines.append(f"- `{name}`: {src}")
+    return "\n".join(lines) + "\n"
 
 
 def main():
@@ -52,6 +94,9 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--quick", action="store_true", help="small latency/scale runs (for trying the script)")
+    ap.add_argument("--workloads", default=os.environ.get("VMM_WORKLOADS",
+                                                          os.path.join("..", "shared", "workloads", "pytorch")),
+                    help="directory of the PyTorch traces replayed for the targets (shown as $W)")
     a = ap.parse_args()
     bench = os.path.join(a.build, "bench", "vmm-bench")
     if not os.access(bench, os.X_OK):
@@ -62,7 +107,7 @@ def main():
         for line in open(cache):
             if line.startswith("CMAKE_BUILD_TYPE:"):
                 build_type = line.split("=", 1)[1].strip()
-    wdir = os.path.join("..", "shared", "workloads", "pytorch")
+    wdir = a.workloads
     traces = sorted(glob.glob(os.path.join(wdir, "*.trace.csv")) + glob.glob(os.path.join(wdir, "*.pickle")))
     if not traces:
         sys.exit(f"benchmarks_md: no traces in {wdir}")
@@ -88,14 +133,15 @@ def main():
     w("Peak allocated can differ between the modes: classic mode's large pool keeps a remainder of up to\n"
       "1 MiB inside an unsplit block and counts it as allocated (PyTorch's rule); expandable mode splits\n"
       "every remainder of 512 B or more. The lower bound is the trace's own peak of live bytes.\n")
-    w("## Replay targets on every trace in ../shared/workloads/pytorch\n")
+    w("## Replay targets on the published PyTorch traces\n")
+    w(workloads_intro(traces))
     w("Targets for expandable mode: peak reserved / peak allocated <= 1.02, min capacity <= 1.03 x peak live\n"
       "bytes (the lower bound), zero synchronizations. Classic mode measured beside it.\n")
     rows, summary = [], []
     for t in traces:
         cmd = [bench, "replay", t, "--min-capacity", "--json", "--no-progress"]
         out = sh(cmd)
-        w(block(cmd, out))
+        w(block(cmd, out, shown_cmd(cmd, t)))
         for line in out.splitlines():
             r = json.loads(line)
             rows.append((os.path.basename(t), r))

@@ -6,6 +6,7 @@
  *                         [--mode both|expandable|classic] [--conf K:V,...] [--check N] [--no-progress]
  *   vmm-bench latency [--max-live N] [--threads 1|2] [--quick] [--json]
  *   vmm-bench scale [--max-events N] [--json]
+ *   vmm-bench frames [--quick] [--json]
  *   vmm-bench gen N OUT.csv [--seed S]
  */
 #include <errno.h>
@@ -38,6 +39,8 @@ static void usage(FILE *f)
             "                                    malloc+free cost vs glibc and jemalloc\n"
             "  vmm-bench scale [--max-events N] [--json]\n"
             "                                    replay time vs length of generated traces\n"
+            "  vmm-bench frames [--quick] [--json]\n"
+            "                                    cost of history recording with call stacks\n"
             "  vmm-bench gen N OUT.csv [--seed S] write a synthetic trace of N events\n");
 }
 
@@ -398,6 +401,20 @@ static int cmd_latency(int argc, char **argv)
     return bench_latency(&o);
 }
 
+static int cmd_frames(int argc, char **argv)
+{
+    bench_frames_opts o = {0};
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            o.json = 1;
+        else if (!strcmp(argv[i], "--quick"))
+            o.quick = 1;
+        else
+            return bad_usage("unknown frames option", argv[i]);
+    }
+    return bench_frames(&o);
+}
+
 static int cmd_scale(int argc, char **argv)
 {
     uint64_t max_events = 10000000;
@@ -507,5 +524,7 @@ int main(int argc, char **argv)
         return cmd_scale(argc - 2, argv + 2);
     if (!strcmp(cmd, "gen"))
         return cmd_gen(argc - 2, argv + 2);
+    if (!strcmp(cmd, "frames"))
+        return cmd_frames(argc - 2, argv + 2);
     return bad_usage("unknown command", cmd);
 }

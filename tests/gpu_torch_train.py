@@ -7,9 +7,13 @@ fresh processes with the same seed and data:
   vmmalloc     vmmalloc installed with vmmalloc.torch.install() (VMMALLOC_CONF applies)
 
 The per-step losses must match across the three (numpy-free allclose); peak reserved, peak
-allocated and the mean step time of each run are printed (and written as JSON with --json).
+allocated and the mean step time of each run are printed (and written as JSON with --json). The
+vmmalloc run must also have been served by vmmalloc: its worker reads vmmalloc's own counters
+(vmmalloc.torch.memory_stats), and a peak of 0 allocated bytes there means PyTorch allocated
+elsewhere (an install that did nothing), which fails the test.
 
-Exit status: 0 pass, 1 mismatch or a failed run, 77 skipped (no torch, or no usable CUDA device).
+Exit status: 0 pass, 1 mismatch, a failed run or a vmmalloc run that vmmalloc did not serve, 77
+skipped (no torch, or no usable CUDA device).
 
     python3 tests/gpu_torch_train.py [--steps 60] [--json out.json]
     VMMALLOC_LIB=build/libvmmalloc.so python3 tests/gpu_torch_train.py
@@ -100,11 +104,12 @@ def worker(mode, steps, seed):
     out = {"mode": mode, "losses": losses, "step_time_s": sum(warm) / len(warm),
            "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
     if mode == "vmmalloc":
-        st = vt.memory_stats(0)
+        st = vt.memory_stats(0)  # vmmalloc's own counters, not PyTorch's
         out.update(peak_reserved=st["reserved_bytes.all.peak"],
                    peak_allocated=st["allocated_bytes.all.peak"],
                    num_ooms=st["num_ooms"], num_event_waits=st.get("num_event_waits"),
-                   num_sync_all_streams=st["num_sync_all_streams"])
+                   num_sync_all_streams=st["num_sync_all_streams"],
+                   num_allocations=st["allocation.all.allocated"], installed=vt.is_installed())
     else:
         out.update(peak_reserved=torch.cuda.max_memory_reserved(0),
                    peak_allocated=torch.cuda.max_memory_allocated(0),
@@ -117,6 +122,20 @@ def worker(mode, steps, seed):
 
 def allclose(a, b, rtol=1e-4, atol=1e-5):
     return len(a) == len(b) and all(math.isclose(x, y, rel_tol=rtol, abs_tol=atol) for x, y in zip(a, b))
+
+
+def vmmalloc_unserved(result):
+    """Why the vmmalloc run's result shows that vmmalloc did not serve its allocations, or None
+    when it did: vmmalloc.torch must report itself installed, and vmmalloc's own counters for
+    device 0 must have seen allocations (peak allocated bytes > 0)."""
+    if result.get("installed") is False:
+        return "vmmalloc.torch.is_installed() is False in the vmmalloc run"
+    peak = result.get("peak_allocated") or 0
+    if peak <= 0:
+        return ("vmmalloc's own peak allocated bytes (allocated_bytes.all.peak of "
+                "vmmalloc.torch.memory_stats(0)) is %r after the vmmalloc run: PyTorch did not "
+                "allocate through vmmalloc (install() had no effect?)" % peak)
+    return None
 
 
 def run_mode(mode, steps, seed, timeout):
@@ -164,14 +183,18 @@ def main():
             return 1
         results[mode] = r
 
-    ok = True
+    unserved = vmmalloc_unserved(results["vmmalloc"])
+    if unserved:
+        log("FAIL: " + unserved)
+    losses_match = True
     ref = results["native"]["losses"]
     for mode in MODES[1:]:
         same = allclose(ref, results[mode]["losses"])
         if not same:
             worst = max(abs(x - y) for x, y in zip(ref, results[mode]["losses"]))
             log("MISMATCH: %s losses differ from native (max abs diff %.3g)" % (mode, worst))
-        ok &= same
+        losses_match &= same
+    ok = losses_match and not unserved
     mib = float(1 << 20)
     print("device: %s, torch %s, %d steps, seq lens %s" % (results["native"]["device"],
           results["native"]["torch"], args.steps, list(SEQ_LENS)))
@@ -182,10 +205,13 @@ def main():
         print("%-11s %10.1f MiB %11.1f MiB %9.3f %10.2f ms %.6f" % (
             mode, r["peak_reserved"] / mib, r["peak_allocated"] / mib,
             r["peak_reserved"] / max(r["peak_allocated"], 1), r["step_time_s"] * 1e3, r["losses"][-1]))
-    print("losses match: %s" % ("yes" if ok else "NO"))
+    print("losses match: %s" % ("yes" if losses_match else "NO"))
+    print("vmmalloc served the vmmalloc run: %s" % ("NO" if unserved else "yes (%d allocations)"
+                                                     % results["vmmalloc"].get("num_allocations", 0)))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"losses_match": ok, "runs": results}, f, indent=1)
+            json.dump({"losses_match": losses_match, "vmmalloc_served": not unserved,
+                       "runs": results}, f, indent=1)
     return 0 if ok else 1
 
 

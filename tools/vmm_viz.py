@@ -6,7 +6,9 @@
 FILE is either a snapshot pickle (vmm_snapshot_pickle, or torch.cuda.memory._dump_snapshot: the
 same format) or a trace CSV with the header "action,addr,size,stream,time_us" (vmm_history_csv).
 The page shows memory over time (allocated, active and reserved bytes, from the trace) and, for
-a snapshot, the address map of every segment with its blocks coloured by state.
+a snapshot, the live memory by allocation site (from the blocks' call stacks, when history was
+recorded with them) and the address map of every segment with its blocks coloured by state
+(hover a block for its frames).
 
 Standard library only. The pickle is read with an Unpickler that refuses every global, so a file
 from elsewhere cannot run code.
@@ -17,6 +19,7 @@ import html
 import io
 import pickle
 import sys
+import time
 
 COLORS = {
     "active_allocated": "#4e79a7",
@@ -55,6 +58,14 @@ def fmt_time(us):
     if us >= 1e3:
         return "%.1f ms" % (us / 1e3)
     return "%d us" % us
+
+
+def fmt_start(us):
+    """When the trace starts: a date for microseconds since the epoch (what vmmalloc and PyTorch
+    write), else an offset (traces of older vmmalloc versions counted from vmm_create)."""
+    if us > 946684800 * 10**6:  # after 2000-01-01
+        return "at " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(us / 1e6))
+    return "from %s" % fmt_time(us)
 
 
 def load(path):
@@ -172,8 +183,8 @@ def timeline_svg(trace, end_values):
             out.append('<g><line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="%s" stroke-dasharray="4 3" stroke-width="2"/>'
                        '<title>out of memory: %s requested</title></g>'
                        % (x(e["time_us"]), x(e["time_us"]), T, H - B, COLORS["oom"], fmt_bytes(e["size"])))
-    out.append('<text x="%d" y="%d" class="axis" text-anchor="middle">time since the allocator was created, from %s</text>'
-               % ((L + W - R) // 2, H - 4, fmt_time(t0)))
+    out.append('<text x="%d" y="%d" class="axis" text-anchor="middle">time since the first event recorded, %s</text>'
+               % ((L + W - R) // 2, H - 4, html.escape(fmt_start(t0))))
     out.append("</svg>")
     last = pts[-1]
     legend = "".join('<span class="key"><i style="background:%s"></i>%s (%s at the end, peak %s)</span>'
@@ -182,6 +193,73 @@ def timeline_svg(trace, end_values):
     if any(e["action"] == "oom" for e in trace):
         legend += '<span class="key"><i style="background:%s"></i>out of memory</span>' % COLORS["oom"]
     return '<div class="legend">%s</div>%s' % (legend, "".join(out))
+
+
+# ---- call stacks -----------------------------------------------------------------------------------
+
+MAX_TIP_FRAMES = 14
+# frames that say nothing about the program: what pytorch.org/memory_viz hides too
+HIDE_NAMES = ("unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp", "_start", "__libc_start_main",
+              "PyEval_", "PyObject_", "PyFunction_")
+HIDE_FILES = ("core/boxing", "/Register", "/Redispatch", "pythonrun.c", "Modules/main.c", "Objects/call.c",
+              "Objects/methodobject.c", "pycore_ceval.h", "ceval.c", "cpython/abstract.h")
+
+
+def shown_frames(frames):
+    return [f for f in frames if not any(h in f.get("name", "") for h in HIDE_NAMES)
+            and not any(h in f.get("filename", "") for h in HIDE_FILES)]
+
+
+def fmt_frame(f):
+    line = f.get("line") or 0
+    return "%s  %s%s" % (f.get("name", "??"), f.get("filename", "??"), (":%d" % line) if line else "")
+
+
+def site_of(frames):
+    """The allocation site a block is charged to: its innermost Python frame (what the program
+    wrote), else its innermost named native frame."""
+    frames = shown_frames(frames)
+    for f in frames:
+        # a comprehension is its own frame in Python 3.11: charge its function instead
+        if f.get("line") and f.get("name") not in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
+            return fmt_frame(f)
+    for f in frames:
+        if f.get("line"):
+            return fmt_frame(f)
+    for f in frames:
+        if not f.get("name", "??").startswith("??"):
+            return fmt_frame(f)
+    return None
+
+
+def sites_html(segs, top=15):
+    """Live memory by allocation site (from the blocks' frames)."""
+    sites, unknown, total = {}, 0, 0
+    for s in segs or []:
+        for b in s["blocks"]:
+            if b["state"] == "inactive":
+                continue
+            size = b.get("requested_size") or b["size"]
+            total += size
+            site = site_of(b.get("frames") or [])
+            if site is None:
+                unknown += size
+            else:
+                n, nb = sites.get(site, (0, 0))
+                sites[site] = (n + 1, nb + size)
+    if not sites:
+        return ('<p class="note">No block has call stacks: record them with vmm_record_history_ex(a, n, '
+                'VMM_HISTORY_STACKS_ALL) or vmmalloc.torch.record_memory_history() before allocating.</p>')
+    rows = sorted(sites.items(), key=lambda kv: -kv[1][1])[:top]
+    out = ['<table class="sites"><tr><th>bytes</th><th>share</th><th>blocks</th><th>allocated at</th></tr>']
+    for site, (n, nb) in rows:
+        out.append("<tr><td>%s</td><td>%.0f%%</td><td>%d</td><td><code>%s</code></td></tr>"
+                   % (fmt_bytes(nb), 100.0 * nb / total if total else 0, n, html.escape(site)))
+    out.append("</table>")
+    if unknown:
+        out.append('<p class="note">%s of live memory has no call stack (allocated before recording began).</p>'
+                   % fmt_bytes(unknown))
+    return "".join(out)
 
 
 # ---- address map ---------------------------------------------------------------------------------
@@ -198,8 +276,11 @@ def segment_svg(seg, width):
         tip = "0x%x: %s, %s" % (b["address"], fmt_bytes(b["size"]), STATE_LABEL.get(state, state))
         if state != "inactive":
             tip += ", %s requested" % fmt_bytes(b["requested_size"])
-        for fr in b.get("frames") or []:
-            tip += "\n%s" % fr.get("name", "")
+        frames = shown_frames(b.get("frames") or [])
+        for fr in frames[:MAX_TIP_FRAMES]:
+            tip += "\n  %s" % fmt_frame(fr)
+        if len(frames) > MAX_TIP_FRAMES:
+            tip += "\n  ... %d more frames" % (len(frames) - MAX_TIP_FRAMES)
         out.append('<g><title>%s</title>' % html.escape(tip))
         out.append('<rect x="%.2f" y="2" width="%.2f" height="%d" fill="%s"/>' % (bx, bw, H - 4, COLORS.get(state, "#999")))
         if state == "active_allocated" and b["requested_size"] < b["size"]:
@@ -261,6 +342,8 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px;border-bot
 .tick{font-size:11px;fill:#555} .axis{font-size:12px;fill:#444}
 .segrow{display:flex;align-items:center;margin:4px 0} .seglabel{width:330px;font-size:12px;color:#333;padding-right:10px}
 svg{display:block}
+table.sites{border-collapse:collapse;font-size:13px} .sites td,.sites th{padding:2px 10px;text-align:left;border-bottom:1px solid #eee}
+.sites td:first-child,.sites td:nth-child(2),.sites td:nth-child(3){text-align:right;white-space:nowrap}
 """
 
 
@@ -300,6 +383,9 @@ def render(data, title, max_segments):
         '<div class="card"><b>%s</b><span>%s</span></div>' % (html.escape(v), html.escape(k)) for k, v in cards))
     parts.append("<h2>Memory over time (device %d)</h2>" % dev)
     parts.append(timeline_svg(trace, end))
+    if segs is not None:
+        parts.append("<h2>Live memory by allocation site</h2>")
+        parts.append(sites_html(segs))
     parts.append("<h2>Address map (one row per segment, scaled to its size)</h2>")
     parts.append(segments_html(segs, max_segments))
     parts.append("</body></html>\n")

@@ -13,7 +13,8 @@ works on machines without PyTorch.
 import vmmalloc as _v
 
 __all__ = ["install", "is_installed", "memory_stats", "empty_cache", "reset_peak_memory_stats",
-           "record_stream", "snapshot", "record_memory_history", "oom_report", "pinned_stats"]
+           "record_stream", "snapshot", "record_memory_history", "oom_report", "pinned_stats",
+           "device_index"]
 
 _installed_path = None
 
@@ -31,6 +32,19 @@ def is_installed():
     return _installed_path is not None
 
 
+def _require_uninitialized(cuda):
+    # PyTorch initializes its CUDA state, and with it the caching allocator, lazily at the first
+    # CUDA tensor or call that needs a context (torch.cuda._lazy_init); change_current_allocator
+    # then refuses ("Can't swap an already initialized allocator"). is_initialized() only reads
+    # a flag.
+    if cuda.is_initialized():
+        raise RuntimeError(
+            "vmmalloc.torch.install: CUDA is already initialized in this process, so PyTorch's "
+            "native allocator is in use and cannot be replaced; call vmmalloc.torch.install() "
+            "before any CUDA tensor or CUDA call that initializes it (torch.cuda.current_device(), "
+            "set_device(), synchronize(), .cuda(), ...): first thing after importing torch")
+
+
 def install(conf=None, lib_path=None):
     """Make vmmalloc PyTorch's CUDA allocator. Call before the first CUDA allocation.
 
@@ -38,6 +52,13 @@ def install(conf=None, lib_path=None):
     VMMALLOC_CONF environment variable; each device's allocator gets "device:N" added.
     lib_path: the shared library; default: VMMALLOC_LIB, next to this package, the build dir.
     Returns the path of the library installed. Calling it again with the same library is a no-op.
+
+    Raises RuntimeError when CUDA is already initialized in this process (PyTorch cannot swap
+    its allocator then), when CUDA is not available, or when PyTorch refuses the allocator.
+    Nothing install() calls before change_current_allocator initializes PyTorch's CUDA state:
+    torch.cuda.is_initialized() reads a flag, torch.cuda.is_available() counts devices
+    (cudaGetDeviceCount, or NVML with PYTORCH_NVML_BASED_CUDA_CHECK=1) without torch's lazy
+    init, and CUDAPluggableAllocator only loads the library.
     """
     global _installed_path
     torch = _torch()
@@ -46,15 +67,9 @@ def install(conf=None, lib_path=None):
         if _installed_path != path:
             raise RuntimeError("vmmalloc.torch.install: %s is installed already" % _installed_path)
         return path
+    _require_uninitialized(torch.cuda)
     if not torch.cuda.is_available():
         raise RuntimeError("vmmalloc.torch.install: torch.cuda.is_available() is False")
-    # PyTorch initialises its native allocator with CUDA (lazily, at the first CUDA tensor or
-    # call that needs a context) and refuses to swap an initialised allocator.
-    if torch.cuda.is_initialized():
-        raise RuntimeError(
-            "vmmalloc.torch.install: CUDA is already initialised in this process, so PyTorch's "
-            "native allocator is in use and cannot be replaced; call install() before creating "
-            "any CUDA tensor (or anything that initialises CUDA)")
     _v.load(path)
     _v.configure(conf)  # checks conf and VMMALLOC_CONF now, rather than at the first allocation
     alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_malloc", "vmm_torch_free")
@@ -66,37 +81,33 @@ def install(conf=None, lib_path=None):
     return path
 
 
-def _current_device(device):
-    if device is not None:
-        if hasattr(device, "index"):  # torch.device
-            return 0 if device.index is None else device.index
-        return int(device)
-    try:
-        return _torch().cuda.current_device()
-    except ImportError:
-        return 0
+def device_index(device=None):
+    """The device index a device argument names (see vmmalloc.device_index): an int, "cuda",
+    "cuda:N", "N" or a torch.device; None, "cuda" and torch.device("cuda") mean the current
+    device, which is looked up without initializing CUDA. ValueError for "cpu" and the like."""
+    return _v.device_index(device)
 
 
 def memory_stats(device=None):
     """torch.cuda.memory_stats() for vmmalloc: a dict with PyTorch's key names (plus vmmalloc's
-    own). device: an index or torch.device; default the current device."""
-    return _v.memory_stats(_current_device(device))
+    own). device: an index, "cuda:N" or torch.device; default the current device."""
+    return _v.memory_stats(device)
 
 
 def pinned_stats(device=None):
     """Counters of the pinned host memory cache of the device's allocator."""
-    return _v.pinned_stats(_current_device(device))
+    return _v.pinned_stats(device)
 
 
 def empty_cache(device=None):
     """torch.cuda.empty_cache() for vmmalloc (torch.cuda.empty_cache() does not reach a pluggable
     allocator). Default: every device in use."""
-    _v.empty_cache(None if device is None else _current_device(device))
+    _v.empty_cache(device)
 
 
 def reset_peak_memory_stats(device=None):
     """Reset the peaks of one device (default: every device in use)."""
-    _v.reset_peak_memory_stats(None if device is None else _current_device(device))
+    _v.reset_peak_memory_stats(device)
 
 
 def record_stream(tensor_or_ptr, stream):
@@ -119,13 +130,17 @@ def snapshot(path=None, device=None):
     """torch.cuda.memory._snapshot() for vmmalloc (PyTorch's own raises for a pluggable
     allocator): the allocator's state as a dict, or, with ``path``, written there as the pickle
     torch.cuda.memory._dump_snapshot writes (returns None then). See vmmalloc.snapshot."""
-    return _v.snapshot(path, _current_device(device))
+    return _v.snapshot(path, device)
 
 
-def record_memory_history(max_entries, device=None):
-    """torch.cuda.memory._record_memory_history() for vmmalloc: keep the last ``max_entries``
-    allocator events for snapshot()'s trace (0 or None stops). No stack frames are recorded."""
-    _v.record_memory_history(max_entries, _current_device(device))
+def record_memory_history(max_entries=_v.DEFAULT_MAX_ENTRIES, device=None, stacks="all",
+                          context="all", enabled="all"):
+    """torch.cuda.memory._record_memory_history() for vmmalloc (PyTorch's own raises for a
+    pluggable allocator): keep the last ``max_entries`` allocator events for snapshot()'s trace,
+    with the Python and native frames of each (stacks="all", the default; "python", "native" or
+    None), on live blocks and trace entries (context="all"; "alloc", "state" or None). 0, None or
+    enabled=None stops. See vmmalloc.record_memory_history."""
+    _v.record_memory_history(max_entries, device, stacks=stacks, context=context, enabled=enabled)
 
 
 def oom_report():
