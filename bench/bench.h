@@ -37,7 +37,11 @@ void *bench_xmalloc(size_t n);
 void *bench_xrealloc(void *p, size_t n);
 
 /* ---- trace.c --------------------------------------------------------------------------------- */
-enum bench_op { BENCH_OP_ALLOC = 0, BENCH_OP_FREE = 1 };
+/* Pool events (capture segments): vmm_pool_begin / vmm_pool_end / vmm_pool_release of the private
+ * pool bench_trace.pools[id] (CUDA graph capture; trace CSV actions pool_begin, pool_end,
+ * pool_release with addr, size = the pool id's two halves, stream = the routed stream). */
+enum bench_op { BENCH_OP_ALLOC = 0, BENCH_OP_FREE = 1, BENCH_OP_POOL_BEGIN = 2, BENCH_OP_POOL_END = 3,
+                BENCH_OP_POOL_RELEASE = 4 };
 
 /* One replayed event. Trace addresses are resolved to dense allocation ids when the trace is read,
  * so the replay indexes an array of the allocator's pointers by id. */
@@ -63,6 +67,8 @@ typedef struct bench_trace {
     uint64_t implicit_frees; /* allocs at a still-live address: the old block is freed first */
     uint64_t failed_allocs; /* allocation failures recorded in the trace (RMM "allocate failure") */
     const char *format;     /* "pytorch-csv", "rmm-csv", "pytorch-snapshot", "synthetic" */
+    uint64_t (*pools)[2];   /* private pool ids of the pool events, by index */
+    uint32_t n_pools;
 } bench_trace;
 
 /* Read a trace (format detected from the header; a snapshot pickle goes through
@@ -103,6 +109,10 @@ typedef struct bench_replay_result {
     char first_oom[512];     /* the first OOM message */
     double *tl_alloc, *tl_reserved; /* timeline in bytes, n_samples entries */
     size_t n_samples;
+    /* traces with capture segments (pool events) */
+    uint64_t graph_allocs, graph_bytes; /* allocations routed to private pools, their bytes */
+    uint64_t eager_in_pools;            /* eager allocations in a private pool's memory: must be 0 */
+    int64_t peak_private_reserved;      /* most bytes the private pools held (at pool ends) */
 } bench_replay_result;
 
 /* Replay the trace on a fresh simulated device. Returns BENCH_EXIT_OK or BENCH_EXIT_FAIL (an error
@@ -112,6 +122,13 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
  * between the lower bound and o->capacity. Fills r->min_capacity. */
 int bench_min_capacity(const bench_trace *t, const bench_replay_opts *o, bench_replay_result *r);
 void bench_replay_result_free(bench_replay_result *r);
+
+/* ---- graphs.c -------------------------------------------------------------------------------- */
+/* Record a trace with capture segments on a simulated device: a training loop whose forward and
+ * backward steps are captured as CUDA graphs into one shared private pool and replayed, with eager
+ * work between the replays, then released; every allocator call written as trace CSV (real
+ * addresses and streams, pool events). */
+int bench_record_graphs(const char *out, uint64_t steps, uint64_t seed);
 
 /* ---- latency.c ------------------------------------------------------------------------------- */
 typedef struct bench_latency_opts {
@@ -129,5 +146,13 @@ typedef struct bench_frames_opts {
 } bench_frames_opts;
 /* Cost per malloc and free of history recording without and with native call stacks. */
 int bench_frames(const bench_frames_opts *o);
+
+/* ---- sleep.c --------------------------------------------------------------------------------- */
+/* vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]: sleep / wake by mode. */
+int bench_sleep(int argc, char **argv);
+
+/* ---- ipc.c ----------------------------------------------------------------------------------- */
+/* vmm-bench ipc [--conf K:V,...] [--quick] [--json]: exportable pages and sharing, what they cost. */
+int bench_ipc(int argc, char **argv);
 
 #endif

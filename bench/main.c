@@ -7,6 +7,8 @@
  *   vmm-bench latency [--max-live N] [--threads 1|2] [--quick] [--json]
  *   vmm-bench scale [--max-events N] [--json]
  *   vmm-bench frames [--quick] [--json]
+ *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
+ *   vmm-bench ipc [--conf K:V,...] [--quick] [--json]
  *   vmm-bench gen N OUT.csv [--seed S]
  */
 #include <errno.h>
@@ -26,7 +28,9 @@ static void usage(FILE *f)
             "usage:\n"
             "  vmm-bench replay FILE [options]   replay a trace through expandable and classic mode\n"
             "      FILE: PyTorch trace CSV (action,addr,size,stream[,time_us]), RMM log CSV\n"
-            "            (Thread,Time,Action,Pointer,Size,Stream) or a torch.cuda.memory snapshot pickle\n"
+            "            (Thread,Time,Action,Pointer,Size,Stream) or a torch.cuda.memory snapshot pickle;\n"
+            "            pool_begin / pool_end / pool_release lines (addr, size = a pool id) replay as\n"
+            "            capture segments: vmm_pool_begin & co., graph memory kept apart and reported\n"
             "      --capacity SIZE   simulated device memory (default 80G)\n"
             "      --min-capacity    also bisect the smallest capacity that completes without OOM\n"
             "      --mode M          both (default), expandable or classic\n"
@@ -35,12 +39,19 @@ static void usage(FILE *f)
             "      --plot OUT.svg    allocated and reserved over the trace (gnuplot)\n"
             "      --check N         run vmm_check every N events (slow; for testing)\n"
             "      --no-progress     no progress bar\n"
+            "  vmm-bench record-graphs OUT.csv [--steps N] [--seed S]\n"
+            "                                    record a trace with capture segments on the sim: a\n"
+            "                                    training loop whose steps are CUDA graphs sharing a pool\n"
             "  vmm-bench latency [--max-live N] [--threads 1|2] [--quick] [--json]\n"
             "                                    malloc+free cost vs glibc and jemalloc\n"
             "  vmm-bench scale [--max-events N] [--json]\n"
             "                                    replay time vs length of generated traces\n"
             "  vmm-bench frames [--quick] [--json]\n"
             "                                    cost of history recording with call stacks\n"
+            "  vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]\n"
+            "                                    sleep / wake by mode, beside published figures\n"
+            "  vmm-bench ipc [--conf K:V,...] [--quick] [--json]\n"
+            "                                    cost of exportable pages and of sharing a block\n"
             "  vmm-bench gen N OUT.csv [--seed S] write a synthetic trace of N events\n");
 }
 
@@ -106,6 +117,11 @@ static void print_json(const bench_trace *t, const char *path, const bench_repla
             first = 0;
         }
     printf("}");
+    if (t->n_pools)
+        printf(",\"private_pools\":%u,\"graph_allocations\":%llu,\"graph_bytes\":%llu,"
+               "\"peak_private_reserved_bytes\":%lld,\"eager_allocations_in_graph_memory\":%llu",
+               t->n_pools, (unsigned long long)r->graph_allocs, (unsigned long long)r->graph_bytes,
+               (long long)r->peak_private_reserved, (unsigned long long)r->eager_in_pools);
     if (r->min_capacity >= 0) {
         if (r->min_capacity > 0)
             printf(",\"min_capacity_bytes\":%lld,\"min_capacity_over_lower_bound\":%.6f",
@@ -154,6 +170,9 @@ static void print_table(const bench_trace *t, const char *path, const bench_repl
                (unsigned long long)t->skipped_frees);
     if (t->implicit_frees)
         printf(", %llu missing frees supplied", (unsigned long long)t->implicit_frees);
+    if (t->n_pools)
+        printf(",\n           capture segments: %u private pool%s (pool_begin / pool_end / pool_release)",
+               t->n_pools, t->n_pools == 1 ? "" : "s");
     printf("\nDevice     simulated, %s, unbacked (driver:sim); each mode on its own device\n",
            bench_fmt_bytes(b1, sizeof b1, (double)r[0].capacity));
     printf("Lower bound (largest sum of live bytes in the trace): %s\n\n",
@@ -180,6 +199,13 @@ static void print_table(const bench_trace *t, const char *path, const bench_repl
         ROW("min capacity without OOM (--min-capacity)", ROW_BYTES, x->min_capacity > 0 ? (double)x->min_capacity : -1.0);
     ROW("OOMs", ROW_COUNT, x->ooms);
     ROW("  of which fragmentation (free+cached>=ask)", ROW_COUNT, x->frag_ooms);
+    if (t->n_pools) {
+        /* capture segments: graph memory kept apart (private pools, docs/pytorch.md) */
+        ROW("allocations routed to private pools", ROW_COUNT, x->graph_allocs);
+        ROW("  their bytes", ROW_BYTES, x->graph_bytes);
+        ROW("peak private-pool reserve (at pool ends)", ROW_BYTES, x->peak_private_reserved);
+        ROW("eager allocations in graph memory (0)", ROW_COUNT, x->eager_in_pools);
+    }
     ROW("device + stream synchronizations", ROW_COUNT, syncs(x));
     ROW("blocking event waits", ROW_COUNT, x->event_syncs);
     printf("  driver calls (simulated CUDA driver API)\n");
@@ -509,6 +535,28 @@ static int cmd_gen(int argc, char **argv)
     return rc;
 }
 
+static int cmd_record_graphs(int argc, char **argv)
+{
+    const char *out = NULL;
+    uint64_t steps = 20, seed = 1;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            if (bench_parse_size(argv[++i], &steps) || !steps)
+                return bad_usage("bad --steps", argv[i]);
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            if (bench_parse_size(argv[++i], &seed))
+                return bad_usage("bad --seed", argv[i]);
+        } else if (!out && argv[i][0] != '-') {
+            out = argv[i];
+        } else {
+            return bad_usage("unexpected argument", argv[i]);
+        }
+    }
+    if (!out)
+        return bad_usage("record-graphs needs OUT.csv", NULL);
+    return bench_record_graphs(out, steps, seed);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -518,6 +566,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "replay"))
         return cmd_replay(argc - 2, argv + 2);
+    if (!strcmp(cmd, "record-graphs"))
+        return cmd_record_graphs(argc - 2, argv + 2);
     if (!strcmp(cmd, "latency"))
         return cmd_latency(argc - 2, argv + 2);
     if (!strcmp(cmd, "scale"))
@@ -526,5 +576,9 @@ int main(int argc, char **argv)
         return cmd_gen(argc - 2, argv + 2);
     if (!strcmp(cmd, "frames"))
         return cmd_frames(argc - 2, argv + 2);
+    if (!strcmp(cmd, "sleep"))
+        return bench_sleep(argc - 2, argv + 2);
+    if (!strcmp(cmd, "ipc"))
+        return bench_ipc(argc - 2, argv + 2);
     return bad_usage("unknown command", cmd);
 }

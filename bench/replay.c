@@ -45,6 +45,70 @@ static int is_fragmentation_oom(vmm_allocator *a, uint64_t request)
     return (uint64_t)(cached > 0 ? cached : 0) + dev_free >= request;
 }
 
+/* Capture segments: the pool routed on each trace stream (pool index + 1, 0 none), and what the
+ * allocations got. */
+static int64_t private_reserved(vmm_allocator *a)
+{
+    static char json[65536];
+    if (vmm_stats_json(a, json, sizeof json) < 0)
+        return 0;
+    const char *k = strstr(json, "\"private_pools.reserved_bytes\":");
+    return k ? atoll(strchr(k, ':') + 1) : 0;
+}
+
+static int pool_event(vmm_allocator *a, const bench_trace *t, const bench_event *e, vmm_stream s,
+                      uint32_t *routed, bench_replay_result *r, size_t at)
+{
+    const uint64_t *id = t->pools[e->id];
+    int rc;
+    const char *what;
+    if (e->op == BENCH_OP_POOL_BEGIN) {
+        what = "vmm_pool_begin";
+        rc = vmm_pool_begin(a, id[0], id[1], s);
+        if (rc == VMM_OK)
+            routed[e->stream] = e->id + 1;
+    } else if (e->op == BENCH_OP_POOL_END) {
+        what = "vmm_pool_end";
+        int64_t res = private_reserved(a);
+        if (res > r->peak_private_reserved)
+            r->peak_private_reserved = res;
+        rc = vmm_pool_end(a, id[0], id[1]);
+        for (uint32_t k = 0; k < t->n_streams; k++)
+            if (routed[k] == e->id + 1)
+                routed[k] = 0;
+    } else {
+        what = "vmm_pool_release";
+        rc = vmm_pool_release(a, id[0], id[1]);
+    }
+    if (rc != VMM_OK)
+        fprintf(stderr, "vmm-bench: %s(%llu, %llu) at event %zu: %s\n", what, (unsigned long long)id[0],
+                (unsigned long long)id[1], at, vmm_last_error());
+    return rc;
+}
+
+/* An allocation of a trace with capture segments: in its pool when routed, else in the default
+ * pools (never in a graph's memory). */
+static void pool_account(vmm_allocator *a, const bench_trace *t, const bench_event *e, void *p,
+                         const uint32_t *routed, bench_replay_result *r)
+{
+    uint64_t id0 = 0, id1 = 0;
+    if (vmm_pool_lookup(a, p, &id0, &id1) != VMM_OK)
+        id0 = id1 = ~0ull;
+    uint32_t pool = routed[e->stream];
+    if (pool) {
+        r->graph_allocs++;
+        r->graph_bytes += e->size;
+        if (id0 != t->pools[pool - 1][0] || id1 != t->pools[pool - 1][1])
+            r->eager_in_pools++; /* a routed allocation outside its pool: as wrong */
+    } else if (id0 || id1) {
+        if (!r->eager_in_pools)
+            fprintf(stderr, "vmm-bench: an eager allocation (%p, %llu bytes) lies in private pool "
+                            "(%llu, %llu): graph memory handed out\n",
+                    p, (unsigned long long)e->size, (unsigned long long)id0, (unsigned long long)id1);
+        r->eager_in_pools++;
+    }
+}
+
 static int check(vmm_allocator *a, uint64_t at)
 {
     if (vmm_check(a) == VMM_OK)
@@ -70,7 +134,8 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
     void **ptr = bench_xmalloc(n_ptr * sizeof *ptr);
     memset(ptr, 0, n_ptr * sizeof *ptr);
     vmm_stream *streams = calloc(t->n_streams ? t->n_streams : 1, sizeof *streams);
-    if (!streams) {
+    uint32_t *routed = calloc(t->n_streams ? t->n_streams : 1, sizeof *routed);
+    if (!streams || !routed) {
         fprintf(stderr, "vmm-bench: out of host memory\n");
         exit(BENCH_EXIT_FAIL);
     }
@@ -98,8 +163,15 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
     size_t i;
     for (i = 0; i < t->n; i++) {
         const bench_event *e = &t->ev[i];
-        if (e->op == BENCH_OP_ALLOC) {
+        if (e->op >= BENCH_OP_POOL_BEGIN) {
+            if (pool_event(a, t, e, streams[e->stream], routed, r, i) != VMM_OK) {
+                rc = BENCH_EXIT_FAIL;
+                break;
+            }
+        } else if (e->op == BENCH_OP_ALLOC) {
             int s = vmm_malloc(a, e->size, streams[e->stream], &ptr[e->id]);
+            if (t->n_pools && s == VMM_OK)
+                pool_account(a, t, e, ptr[e->id], routed, r);
             if (s == VMM_ENOMEM) {
                 uint64_t t1 = bench_now_ns();
                 host += t1 - t0;
@@ -151,6 +223,12 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
         bench_progress_end();
     r->events = i;
     r->host_time_ns = host;
+    if (!rc && r->eager_in_pools) {
+        fprintf(stderr, "vmm-bench: %llu allocation(s) got memory of the wrong pool (graph memory handed to "
+                        "eager code, or a graph's allocation outside its pool)\n",
+                (unsigned long long)r->eager_in_pools);
+        rc = BENCH_EXIT_FAIL;
+    }
     if (o->sample_every)
         sample(a, r, tl_cap);
     if (!rc && o->check_every && check(a, i))
@@ -182,6 +260,7 @@ out:
     vmm_destroy(a);
     free(ptr);
     free(streams);
+    free(routed);
     return rc;
 }
 

@@ -139,6 +139,18 @@ static int stream_index(bench_trace *t, int64_t s)
     return (int)t->n_streams++;
 }
 
+/* Index of a private pool id, adding it on first sight. */
+static uint32_t pool_index(bench_trace *t, uint64_t id0, uint64_t id1)
+{
+    for (uint32_t i = 0; i < t->n_pools; i++)
+        if (t->pools[i][0] == id0 && t->pools[i][1] == id1)
+            return i;
+    t->pools = bench_xrealloc(t->pools, (t->n_pools + 1) * sizeof *t->pools);
+    t->pools[t->n_pools][0] = id0;
+    t->pools[t->n_pools][1] = id1;
+    return t->n_pools++;
+}
+
 static void on_free(builder *b, uint64_t addr)
 {
     uint32_t id;
@@ -240,7 +252,10 @@ static int parse_pytorch(builder *b, char **f, int nf, const char *path, uint64_
         return bad_line(path, line, "expected 4 or 5 fields: action,addr,size,stream[,time_us]", NULL);
     const char *a = f[0];
     int is_alloc = !strcmp(a, "alloc"), is_free = !strcmp(a, "free_completed");
-    if (!is_alloc && !is_free && strcmp(a, "free_requested") && strncmp(a, "segment_", 8) &&
+    int pool_op = !strcmp(a, "pool_begin") ? BENCH_OP_POOL_BEGIN
+                  : !strcmp(a, "pool_end") ? BENCH_OP_POOL_END
+                  : !strcmp(a, "pool_release") ? BENCH_OP_POOL_RELEASE : 0;
+    if (!is_alloc && !is_free && !pool_op && strcmp(a, "free_requested") && strncmp(a, "segment_", 8) &&
         strcmp(a, "snapshot") && strcmp(a, "oom"))
         return bad_line(path, line, "unknown action", a);
     uint64_t addr, size;
@@ -253,7 +268,15 @@ static int parse_pytorch(builder *b, char **f, int nf, const char *path, uint64_
         return bad_line(path, line, "bad stream", f[3]);
     if (nf == 5 && f[4][0] && parse_i64(f[4], &time_us))
         return bad_line(path, line, "bad time_us", f[4]);
-    if (is_alloc) {
+    if (pool_op) {
+        /* capture segments: addr and size carry the pool id */
+        int s = stream_index(b->t, stream);
+        if (s < 0)
+            return bad_line(path, line, "more than 65535 streams", NULL);
+        if (!addr && !size)
+            return bad_line(path, line, "pool id (0, 0) names the default pools", NULL);
+        push(b->t, (uint8_t)pool_op, pool_index(b->t, addr, size), 0, (uint16_t)s);
+    } else if (is_alloc) {
         int s = stream_index(b->t, stream);
         if (s < 0)
             return bad_line(path, line, "more than 65535 streams", NULL);
@@ -488,6 +511,13 @@ int bench_trace_write_csv(const bench_trace *t, const char *path)
     fprintf(fp, "action,addr,size,stream,time_us\n");
     for (size_t i = 0; i < t->n; i++) {
         const bench_event *e = &t->ev[i];
+        if (e->op >= BENCH_OP_POOL_BEGIN) {
+            static const char *const names[] = {"pool_begin", "pool_end", "pool_release"};
+            fprintf(fp, "%s,%llu,%llu,%lld,%zu\n", names[e->op - BENCH_OP_POOL_BEGIN],
+                    (unsigned long long)t->pools[e->id][0], (unsigned long long)t->pools[e->id][1],
+                    (long long)t->streams[e->stream], i);
+            continue;
+        }
         if (e->op == BENCH_OP_ALLOC)
             stream_of[e->id] = e->stream;
         fprintf(fp, "%s,%llu,%llu,%lld,%zu\n", e->op == BENCH_OP_ALLOC ? "alloc" : "free_completed",
@@ -507,5 +537,6 @@ void bench_trace_free(bench_trace *t)
 {
     free(t->ev);
     free(t->streams);
+    free(t->pools);
     memset(t, 0, sizeof *t);
 }

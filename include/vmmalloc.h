@@ -71,13 +71,17 @@ typedef void *vmm_stream;
 
 /*
  * Create an allocator.
- *  conf: "key:value,key:value" (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax). Keys from the environment
- *        variable VMMALLOC_CONF apply first; keys in conf override them. NULL or "" means defaults.
- *        Unknown keys and bad values give VMM_ECONFIG naming the key in vmm_last_error().
+ *  conf: "key:value,key:value" (PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax). Layers, each overriding
+ *        the one before: PyTorch's PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF when that is unset;
+ *        only the keys that mean the same in vmmalloc apply, PyTorch-only keys are ignored with a
+ *        warning), then VMMALLOC_CONF, then conf. NULL or "" means defaults. Unknown keys and bad
+ *        values give VMM_ECONFIG naming the key (and the variable) in vmm_last_error().
  *        docs/user-guide.md lists every key with its default.
  *  out:  receives the allocator; set to NULL on failure.
- * Returns VMM_OK, VMM_ECONFIG, VMM_ENODEV (no libcuda, no device, no VMM support when expandable
- * segments are asked for), VMM_EDRIVER, VMM_EHOSTMEM.
+ * Thread safe (each call makes its own allocator).
+ * Returns VMM_OK, VMM_ECONFIG, VMM_ENODEV (no libcuda, no device, a driver older than CUDA 12.0
+ * gives VMM_ENOTSUP; no VMM support when expandable segments are asked for), VMM_ENOTSUP,
+ * VMM_EDRIVER (a broken driver: vmm_last_error() names the CUresult), VMM_EHOSTMEM.
  */
 VMM_API int vmm_create(const char *conf, vmm_allocator **out);
 
@@ -174,6 +178,17 @@ typedef struct vmm_stats {
     int64_t max_split_size;                       /* bytes; -1 when unlimited */
     int64_t metadata_bytes;                       /* host bytes held for block and segment records */
     int64_t reserved_va_bytes;                    /* virtual address space reserved */
+    /* sleep / wake, callbacks, IPC (vmm_sleep, vmm_add_free_memory_callback, vmm_ipc_*) */
+    vmm_stat sleeping_bytes;                      /* live blocks asleep: no device memory behind them */
+    int64_t backup_bytes;                         /* host bytes holding sleeping blocks' contents */
+    int64_t num_sleeps;                           /* tags put to sleep */
+    int64_t num_wakes;                            /* tags woken */
+    int64_t num_wake_failures;                    /* vmm_wake calls undone for want of memory */
+    int64_t num_free_memory_callbacks;            /* runs of the free-memory callbacks */
+    int64_t num_free_memory_callback_hits;        /* runs in which one reported freeing memory */
+    int64_t ipc_exported_blocks;                  /* live blocks shared with vmm_ipc_get_handle */
+    int64_t ipc_limbo_blocks;                     /* freed here, still open in another process */
+    int64_t ipc_open_mappings;                    /* other processes' blocks opened here */
 } vmm_stats;
 
 /* Fill *out with the allocator's counters. Returns VMM_OK or VMM_EINVAL. */
@@ -203,6 +218,96 @@ VMM_API int vmm_check(vmm_allocator *a);
 /* The configuration in force, as a "key:value,..." string written into buf (NUL-terminated).
  * Returns the length or VMM_ERANGE when buf is too small. */
 VMM_API int vmm_config_string(vmm_allocator *a, char *buf, size_t len);
+
+/* ---- CUDA graphs: capture and private pools (src/capture.c, src/mempool.c) -----------------------
+ *
+ * Capture. While a stream captures a CUDA graph, work queued on it is recorded, not run, and every
+ * replay of the graph runs it again at the same addresses. The allocator is safe to call then: it
+ * records no event or fence on a capturing stream (frees of blocks used by other streams wait until
+ * no capture is underway), never waits or synchronizes (an allocation that would need to fails with
+ * VMM_ENOMEM whose message says capture prevented the sync), and makes its driver calls with the
+ * calling thread in relaxed capture mode (cuThreadExchangeStreamCaptureMode), so that cuMemCreate,
+ * cuMemMap or an event query do not invalidate a capture of this or another thread. A capture is
+ * "underway" while a route below is in force, or when the driver says the stream at hand captures.
+ *
+ * Private pools (PyTorch's graph pools, MempoolId_t). Memory handed to captured work belongs to the
+ * graph: every replay writes it again, so it must not be handed to anyone else until the graph is
+ * gone. vmm_pool_begin routes the allocations of some streams to the private pool with id
+ * (id0, id1); blocks of a private pool, freed or not, are reused only by later allocations routed to
+ * the same pool (several graphs may share one, as torch.cuda.graph(pool=...) does), and its pages
+ * are never unmapped or returned while it has users. Each vmm_pool_begin of a pool adds a user,
+ * vmm_pool_release takes one away (PyTorch's use_count); when the last goes, the pool's memory
+ * returns to the default pools (cached, reusable by any allocation of its stream, returned to the
+ * device by vmm_empty_cache) after one device synchronization, which waits for replays still
+ * running. Expandable segments stay on in private pools: a pool grows by mapping pages, which may
+ * come from idle pages of the default pools. Stats: vmm_pool_get_stats per pool, "private_pools.*"
+ * in vmm_stats_json; vmm_check checks the pools; vmm_pool_lookup tells the pool of an address.
+ *
+ * Ids: any pair but (0, 0), which names the default pools. Thread safety: as everywhere; a filter
+ * runs under the allocator's lock, must be fast and must not call the allocator.
+ */
+
+/* Route filter: nonzero when allocations on `stream` go to the pool (PyTorch passes a function that
+ * compares the stream's capture id with its graph's). */
+typedef int (*vmm_stream_filter)(void *ctx, vmm_stream stream);
+
+/*
+ * Begin routing to private pool (id0, id1) the allocations made on `stream` (vmm_pool_begin) or on
+ * every stream `filter(ctx, stream)` accepts (vmm_pool_begin_filter; NULL filter: every stream),
+ * until vmm_pool_end. Creates the pool with one user, or adds a user to an existing one (also one
+ * released to no user whose memory has not gone back yet). Routes in force are tried oldest first;
+ * while any is in force, frees of blocks with record_stream uses are deferred and nothing waits.
+ * Call it before the capture begins and vmm_pool_end after it ends (as PyTorch does). ctx is the
+ * caller's and must outlive the route.
+ * Returns VMM_OK, VMM_EINVAL (a NULL, id (0, 0), a route to this pool already in force),
+ * VMM_EHOSTMEM (nothing changed).
+ */
+VMM_API int vmm_pool_begin(vmm_allocator *a, uint64_t id0, uint64_t id1, vmm_stream stream);
+VMM_API int vmm_pool_begin_filter(vmm_allocator *a, uint64_t id0, uint64_t id1, vmm_stream_filter filter,
+                                  void *ctx);
+
+/* End the route to pool (id0, id1). The pool keeps its memory and its users. When it was the last
+ * route in force, deferred frees go on (their events are recorded) and pools released meanwhile
+ * give their memory back (vmm_pool_release). Returns VMM_OK, VMM_EINVAL (no route to that pool). */
+VMM_API int vmm_pool_end(vmm_allocator *a, uint64_t id0, uint64_t id1);
+
+/* Add a user to pool (id0, id1), creating it (empty) when needed, without routing anything
+ * (PyTorch's createOrIncrefPool, for a pool object that outlives the graphs sharing it).
+ * Returns VMM_OK, VMM_EINVAL (id (0, 0)), VMM_EHOSTMEM. */
+VMM_API int vmm_pool_retain(vmm_allocator *a, uint64_t id0, uint64_t id1);
+
+/*
+ * Take a user away from pool (id0, id1) (PyTorch's releasePool, called when a graph is destroyed).
+ * When none is left, the pool's memory returns to the default pools: blocks still allocated stay
+ * valid and return to their stream's default pool when freed, free blocks become cached memory at
+ * once. That needs one device synchronization (counted in num_sync_all_streams), to be sure no
+ * replay still runs on the memory; while captures are underway (routes in force) it waits for the
+ * last vmm_pool_end. Returns VMM_OK, VMM_EINVAL (no such pool, or no user left), VMM_EDRIVER (the
+ * synchronization failed: the pool stays released and is retried at the next vmm_pool_end /
+ * vmm_empty_cache).
+ */
+VMM_API int vmm_pool_release(vmm_allocator *a, uint64_t id0, uint64_t id1);
+
+typedef struct vmm_pool_stats {
+    int64_t use_count;        /* users (vmm_pool_begin / vmm_pool_retain minus vmm_pool_release) */
+    int64_t routed;           /* 1 while a vmm_pool_begin route to it is in force */
+    int64_t segments;         /* VA reservations (expandable) or cuMemAlloc segments it owns */
+    int64_t reserved_bytes;   /* physical bytes mapped in them */
+    int64_t allocations;      /* live blocks */
+    int64_t allocated_bytes;  /* their rounded bytes */
+    int64_t pending_bytes;    /* freed blocks waiting for other streams' events */
+    int64_t free_bytes;       /* mapped bytes free: reusable by routed allocations only */
+    int64_t num_mallocs;      /* allocations served since the pool was made */
+} vmm_pool_stats;
+
+/* Fill *out for pool (id0, id1). Returns VMM_OK, VMM_EINVAL (NULL argument, no such pool: one whose
+ * memory went back after its last release no longer exists). Cost: linear in the pool's blocks. */
+VMM_API int vmm_pool_get_stats(vmm_allocator *a, uint64_t id0, uint64_t id1, vmm_pool_stats *out);
+
+/* The pool of the memory at ptr (any address inside a segment of the allocator, allocated or not):
+ * *id0, *id1 get its id, (0, 0) for the default pools. Returns VMM_OK, VMM_EBADPTR (not this
+ * allocator's memory), VMM_EINVAL. Linear in the number of segments. */
+VMM_API int vmm_pool_lookup(vmm_allocator *a, const void *ptr, uint64_t *id0, uint64_t *id1);
 
 /* ---- Pinned host memory (src/pinned.c) ---------------------------------------------------------
  *
@@ -315,8 +420,30 @@ VMM_API int vmm_torch_stats_json(int device, char *buf, size_t len);
 VMM_API int vmm_torch_empty_cache(int device);
 VMM_API int vmm_torch_reset_peaks(int device);
 
-/* vmm_record_stream on the allocator that owns ptr. VMM_EBADPTR when none does. */
+/* vmm_record_stream on the allocator that owns ptr. VMM_EBADPTR when none does. Its shape is that
+ * of CUDAPluggableAllocator::set_record_stream_fn's function, void(void *ptr, cudaStream_t). */
 VMM_API int vmm_torch_record_stream(void *ptr, void *stream);
+
+/*
+ * CUDA graphs through the pluggable allocator: the hooks of CUDAPluggableAllocator's
+ * set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and set_release_pool (PyTorch's
+ * beginAllocateToPool / endAllocateToPool / releasePool), with MempoolId_t (a pair of unsigned
+ * long long) passed as id0, id1 and the std::function<bool(cudaStream_t)> filter as a C function
+ * and its context (filter NULL: every stream). The C++ shim python/vmmalloc/csrc/graph_hooks.cpp
+ * adapts the shapes. They act on the device's allocator (created if needed): vmm_pool_begin_filter,
+ * vmm_pool_end, vmm_pool_release. Return VMM_OK or the status; the message is kept for
+ * vmm_torch_last_error. ctx must stay valid until vmm_torch_end_allocate_to_pool.
+ */
+VMM_API int vmm_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1,
+                                             vmm_stream_filter filter, void *ctx);
+VMM_API int vmm_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1);
+VMM_API int vmm_torch_release_pool(int device, uint64_t id0, uint64_t id1);
+
+/* Capture guard for a pluggable allocator installed without the graph hooks (on: 1): from then on
+ * vmm_torch_malloc on a stream that captures, with no private-pool route for it, fails (NULL; the
+ * message says why) instead of handing out memory eager code would reuse while replays write it.
+ * Costs one cuStreamGetCaptureInfo per allocation while on. Returns the previous setting. */
+VMM_API int vmm_torch_set_capture_guard(int on);
 
 /* vmm_snapshot_pickle / vmm_record_history of the device's allocator (created if needed); on
  * failure the message is kept for vmm_torch_last_error. Returns VMM_OK or the status. */
@@ -417,7 +544,7 @@ VMM_API int vmm_record_history_ex(vmm_allocator *a, size_t max_entries, unsigned
 VMM_API int64_t vmm_history_get(vmm_allocator *a, vmm_trace_entry *out, size_t max);
 
 /* Write the ring as CSV, header "action,addr,size,stream,time_us", addresses and streams in hex
- * (0x...), one line per event, oldest first (vmm-viz reads it). Returns VMM_OK, VMM_EINVAL (NULL
+ * (0x...), one line per event, oldest first (vmm-viz reads it; call stacks are not written). Returns VMM_OK, VMM_EINVAL (NULL
  * argument, or the file cannot be written: the message names the path and the reason),
  * VMM_EHOSTMEM. */
 VMM_API int vmm_history_csv(vmm_allocator *a, const char *path);
@@ -427,18 +554,22 @@ VMM_API int vmm_history_csv(vmm_allocator *a, const char *path);
  *   segments: one per mapped range of an expandable segment (as PyTorch reports expandable
  *     segments) or per classic segment, with device, address, total_size, allocated_size,
  *     active_size, requested_size, stream, segment_type ("small" / "large"), segment_pool_id (0, 0),
- *     is_expandable, frames [] and blocks [{address, size, requested_size, state
- *     ("active_allocated" / "active_pending_free" / "inactive"), frames []}]; a fused block has
- *     "parts" [{offset, size}] too, and a frame naming it;
+ *     is_expandable, frames (where it was mapped) and blocks [{address, size, requested_size
+ *     (kept by a pending block), state ("active_allocated" / "active_pending_free" / "inactive"),
+ *     frames (its allocation's stack)}]; a fused block has "parts" [{offset, size}] too, and a
+ *     first frame naming it;
  *   device_traces: one list per device ordinal up to this one, the history as
- *     {action, addr, size, stream, time_us, frames []} (empty lists when history is off; an
- *     "oom" entry has device_free too, equal to addr);
+ *     {action, addr, size, stream, time_us (since the epoch), frames, compile_context "",
+ *     user_metadata ""} (empty lists when history is off; an "oom" entry has device_free too,
+ *     equal to addr);
+ *   frames: [{filename, line, name}] innermost first, [] without stacks (vmm_record_history_ex);
  *   allocator_settings: {"PYTORCH_CUDA_ALLOC_CONF": the config string, "expandable_segments",
- *     "max_split_size", "garbage_collection_threshold", "allocator": "vmmalloc"};
+ *     "max_split_size", "garbage_collection_threshold", "roundup_power2_divisions",
+ *     "allocator": "vmmalloc"};
  *   external_annotations: [].
- * The state is copied under the allocator's lock, the file written after. Returns VMM_OK,
- * VMM_EINVAL (NULL argument, file cannot be written: the message names the path and the reason),
- * VMM_EHOSTMEM.
+ * The state is copied under the allocator's lock; stacks are named (dladdr) and the file written
+ * after. Returns VMM_OK, VMM_EINVAL (NULL argument, file cannot be written: the message names the
+ * path and the reason), VMM_EHOSTMEM.
  */
 VMM_API int vmm_snapshot_pickle(vmm_allocator *a, const char *path);
 
@@ -455,6 +586,199 @@ enum { VMM_GROUP_ALIGN = 512 };
  */
 VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vmm_stream stream,
                              void **ptrs);
+
+/* ---- Tags, sleep and wake (src/sleep.c) --------------------------------------------------------
+ *
+ * Sleep gives a tag's device memory back without freeing its blocks: their physical pages are
+ * unmapped and released while every virtual address stays reserved, so pointers (and captured CUDA
+ * graphs) stay valid; wake maps fresh pages at the same addresses, restores the contents when they
+ * were backed up, and grants the same access (peers included). vLLM's sleep levels map onto modes:
+ * level 1 = weights BACKUP + kv_cache DISCARD, level 2 = both DISCARD.
+ *
+ * Tags. Every allocation has a tag: the allocator's current tag when it was made (vmm_set_tag; ""
+ * is the untagged default), as vLLM's use_memory_pool(tag=...). Blocks of different tags never
+ * share a page (each tag has its own segments), so a tag can sleep alone. Tagged memory always lives
+ * in VMM segments, also with expandable_segments:false (untagged memory is classic cuMemAlloc memory
+ * there, which cannot sleep). At most VMM_MAX_TAGS tags (the untagged one included) per allocator,
+ * names up to VMM_TAG_NAME_MAX bytes.
+ *
+ * While a tag sleeps: allocations under it fail (VMM_EINVAL), other tags allocate and free as usual;
+ * freeing one of its blocks is allowed (its address range goes back, nothing to unmap, its backup is
+ * dropped); touching its memory is an error of the caller's (a GPU faults; the simulated device in
+ * backed mode maps nothing there, so the host faults too). Private pools of CUDA graphs (vmm_pool_*)
+ * do not sleep. A block shared with vmm_ipc_get_handle and still open in another process cannot
+ * sleep (its pages live on there): vmm_sleep refuses.
+ */
+enum { VMM_MAX_TAGS = 64, VMM_TAG_NAME_MAX = 63 };
+
+typedef enum vmm_sleep_mode {
+    VMM_SLEEP_DISCARD = 0,   /* contents are dropped; wake gives memory of undefined contents */
+    VMM_SLEEP_BACKUP = 1,    /* contents are copied to page-locked host memory and restored on wake */
+    VMM_SLEEP_KEEP_HOST = 2  /* with BACKUP: keep the host buffer after wake for the next sleep of
+                              * the tag (no pinning cost then, host memory held meanwhile) */
+} vmm_sleep_mode;
+
+/* Make `tag` (NULL or "": untagged) the tag of the allocations made from now on, by any thread
+ * (an allocator-wide setting, as vLLM's). Creates the tag on first use. Returns VMM_OK, VMM_EINVAL
+ * (name too long), VMM_ERANGE (VMM_MAX_TAGS tags exist), VMM_ENOTSUP (a tag other than "" on a
+ * device without VMM support), VMM_EHOSTMEM. */
+VMM_API int vmm_set_tag(vmm_allocator *a, const char *tag);
+
+/* The current tag into buf (NUL-terminated). Returns its length or VMM_ERANGE / VMM_EINVAL. */
+VMM_API int vmm_get_tag(vmm_allocator *a, char *buf, size_t len);
+
+/* The tag of the live block at ptr into buf. Returns its length, VMM_EBADPTR, VMM_ERANGE. */
+VMM_API int vmm_tag_of(vmm_allocator *a, const void *ptr, char *buf, size_t len);
+
+/*
+ * Put the blocks of tags[0..n_tags-1] to sleep (tags NULL or n_tags 0: every tag, the untagged one
+ * included; a tag already asleep is left as it is). In order: wait for the work that still uses
+ * them (an event on their streams and on every stream vmm_record_stream named, each wait counted
+ * in num_event_waits; nothing else is synchronized), copy their contents to page-locked host memory
+ * when mode has VMM_SLEEP_BACKUP (one buffer per tag), tell the before_unmap callback, unmap and
+ * release their physical pages and the tags' free pages, then release every cached handle.
+ * mem_get_info of the device rises by what was released.
+ * Returns VMM_OK; VMM_EINVAL (unknown tag, bad mode, a block still open in another process, untagged
+ * live blocks in classic segments); VMM_ENOTSUP (backup on a driver without host copies);
+ * VMM_EHOSTMEM (no host memory for the backup); VMM_EDRIVER (a copy failed): in all of these
+ * nothing changed. VMM_EDRIVER after the tags went to sleep when the driver refused to unmap some
+ * page: it stays resident (reported in the message) and is reused by the wake.
+ */
+VMM_API int vmm_sleep(vmm_allocator *a, const char *const *tags, size_t n_tags, int mode);
+
+/*
+ * Wake tags[0..n_tags-1] (NULL / 0: every sleeping tag): map pages back at the same addresses
+ * (cached handles and idle free pages of other tags are used first), grant access to the device and
+ * its peers, restore backed-up contents, tell the after_map callback. Staged wakes (weights first,
+ * the KV cache later) are separate calls. When the device cannot hold them everything is undone:
+ * nothing stays mapped, the tags stay asleep with their backups, and VMM_ENOMEM says how much was
+ * missing; a later wake, once memory is free, succeeds.
+ * Returns VMM_OK, VMM_EINVAL (unknown tag), VMM_ENOMEM, VMM_EDRIVER (undone likewise), VMM_EHOSTMEM.
+ */
+VMM_API int vmm_wake(vmm_allocator *a, const char *const *tags, size_t n_tags);
+
+/* 1 when `tag` sleeps, 0 when awake, VMM_EINVAL for an unknown tag. */
+VMM_API int vmm_is_asleep(vmm_allocator *a, const char *tag);
+
+/* ---- Callbacks (src/callbacks.c) ----------------------------------------------------------------
+ *
+ * Free-memory callbacks are PyTorch's FreeMemoryCallback (trigger_free_memory_callbacks): when an
+ * allocation finds no cached block, the allocator runs them, with its lock released, before growing
+ * or releasing cached memory, and looks in the cache again if one reports it freed something. That
+ * is how memory held for other parties comes back on demand (the IPC limbo below registers one).
+ * Counted in num_free_memory_callbacks / num_free_memory_callback_hits.
+ *
+ * Mapping callbacks let a communication library follow the physical mappings of expandable memory
+ * (NCCL buffer registration, NVLS / symmetric memory, UCX): after_map is called after pages are
+ * mapped and access is granted, before_unmap before they are unmapped (while the handles still
+ * name them: PyTorch's SEGMENT_UNMAP trace comes after the unmap). Each call gives a run of pages
+ * [va, va + size), the device, and handles[i] the physical handle (CUmemGenericAllocationHandle)
+ * mapped at va + i * size / n_handles. Callbacks run on the thread of the call that mapped or
+ * unmapped, before that call returns (or, when another thread is delivering notices at that moment,
+ * by that thread right after), with no allocator lock held (one internal mutex keeps them in
+ * order), so they may call the allocator, and a lock they take may be held by a thread waiting in
+ * the allocator. Pages about to be unmapped wait, out of use, until before_unmap returned; sleep and
+ * wake wait for their notices, so do not call them holding a lock the callbacks take. Classic
+ * (cuMemAlloc) segments and blocks opened with vmm_ipc_open are not reported.
+ */
+typedef int (*vmm_free_memory_fn)(void *ctx);
+typedef void (*vmm_mapping_fn)(void *ctx, uintptr_t va, size_t size, int device, const uint64_t *handles,
+                               size_t n_handles);
+
+/* Register / remove a free-memory callback (fn, ctx). fn returns nonzero when it freed memory; it
+ * may call the allocator (vmm_free, ...). Removal waits for a run in progress on another thread.
+ * Returns VMM_OK, VMM_EINVAL (NULL fn, unknown pair on removal), VMM_EHOSTMEM. */
+VMM_API int vmm_add_free_memory_callback(vmm_allocator *a, vmm_free_memory_fn fn, void *ctx);
+VMM_API int vmm_remove_free_memory_callback(vmm_allocator *a, vmm_free_memory_fn fn, void *ctx);
+
+/* Set the mapping callbacks (either may be NULL); after_map is called at once for every run mapped
+ * now, so a late user learns the present state. All NULL removes them (notices still queued are
+ * delivered first). Setting them while others are set is VMM_EINVAL: remove first.
+ * Returns VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
+VMM_API int vmm_set_mapping_callbacks(vmm_allocator *a, vmm_mapping_fn after_map, vmm_mapping_fn before_unmap,
+                                      void *ctx);
+
+/* Call fn for every run of mapped pages of the expandable segments now (a copy taken under the
+ * lock, fn called without it), in address order. Returns VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
+VMM_API int vmm_get_mappings(vmm_allocator *a, vmm_mapping_fn fn, void *ctx);
+
+/* ---- Sharing blocks across processes (src/ipc.c) ------------------------------------------------
+ *
+ * A live block of an expandable segment can be opened by another process at a new address, with
+ * the same memory (no copy): the exporter makes a handle (its pages' shareable POSIX file
+ * descriptors, their size, the block's offset and size, the device, and a reference counter shared
+ * in memory), sends it over a UNIX socket (vmm_ipc_send, SCM_RIGHTS) or its own way
+ * (vmm_ipc_handle_desc: bytes plus descriptors), and the other side opens it with its allocator of
+ * the same device. Pages must be created exportable: the ipc config key (default auto: wherever
+ * the device supports POSIX file descriptor handles; the simulated device does in backed mode).
+ *
+ * Keep-alive (PyTorch's CudaIPCSentData / CudaIPCSentDataLimbo rules): each vmm_ipc_get_handle
+ * counts one reference on the block; vmm_ipc_close (or vmm_ipc_handle_release of a handle never
+ * opened) gives it back. vmm_free of a block with references outstanding parks it: still allocated
+ * (counted in allocated bytes and ipc_limbo_blocks) until the count is zero, then it is freed by the
+ * allocator's free-memory callback (on a cache miss) or vmm_ipc_collect. Ordering of work is the
+ * users': the exporter's writes must have completed before the other side uses the memory. A
+ * consumer that dies without closing keeps its block in limbo for the exporter's life (as in
+ * PyTorch).
+ */
+typedef struct vmm_ipc_handle vmm_ipc_handle;
+
+enum { VMM_IPC_MAGIC = 0x766d6d69 /* "vmmi" */, VMM_IPC_VERSION = 1 };
+
+/* The bytes of a handle; its descriptors travel beside it: n_pages page descriptors, then the
+ * reference counter's. */
+typedef struct vmm_ipc_desc {
+    uint32_t magic;          /* VMM_IPC_MAGIC */
+    uint32_t version;        /* VMM_IPC_VERSION */
+    int32_t device;          /* exporter's device ordinal */
+    int32_t pid;             /* exporter's process id */
+    uint64_t export_id;      /* identifies the exported block in the exporter */
+    uint64_t size;           /* bytes of the block */
+    uint64_t offset;         /* block start - first page start */
+    uint64_t page_size;      /* bytes per page */
+    uint64_t n_pages;        /* pages the block spans */
+} vmm_ipc_desc;
+
+/* Export the live block at ptr (its first byte). *out owns new descriptors. Returns VMM_OK,
+ * VMM_EBADPTR, VMM_EINVAL (the block sleeps), VMM_ENOTSUP (a classic segment, or pages not
+ * exportable: see the ipc key), VMM_EDRIVER, VMM_EHOSTMEM. */
+VMM_API int vmm_ipc_get_handle(vmm_allocator *a, const void *ptr, vmm_ipc_handle **out);
+
+/* The handle's bytes and descriptors (owned by the handle). Returns VMM_OK or VMM_EINVAL. */
+VMM_API int vmm_ipc_handle_desc(const vmm_ipc_handle *h, vmm_ipc_desc *desc, const int **fds,
+                                size_t *n_fds);
+
+/* A handle from bytes and descriptors received some other way; takes ownership of the fds on
+ * success. Returns VMM_OK, VMM_EINVAL (not a vmmalloc handle, wrong count), VMM_EHOSTMEM. */
+VMM_API int vmm_ipc_handle_from(const vmm_ipc_desc *desc, const int *fds, size_t n_fds,
+                                vmm_ipc_handle **out);
+
+/* Close this process's descriptors and free the handle (its reference travels with a copy sent
+ * elsewhere). NULL is a no-op. */
+VMM_API void vmm_ipc_handle_free(vmm_ipc_handle *h);
+
+/* Give the handle's reference back without opening it (a handle that will never be opened), then
+ * free it. Returns VMM_OK, VMM_EINVAL (opened already: close the mapping instead). */
+VMM_API int vmm_ipc_handle_release(vmm_ipc_handle *h);
+
+/* Send / receive a handle over a connected AF_UNIX socket (one message, SCM_RIGHTS for the
+ * descriptors). Returns VMM_OK, VMM_EINVAL (not a handle, a malformed message), VMM_EHOSTMEM,
+ * VMM_EDRIVER (the socket call failed: errno in the message). */
+VMM_API int vmm_ipc_send(int sock, const vmm_ipc_handle *h);
+VMM_API int vmm_ipc_recv(int sock, vmm_ipc_handle **out);
+
+/* Map the block of handle h at a new address of this process: *ptr its first byte. The handle's
+ * reference is taken over by the mapping (a second open of the same handle counts one more).
+ * Returns VMM_OK, VMM_EINVAL (another device, a malformed handle), VMM_ENOTSUP (no import on this
+ * driver), VMM_EDRIVER, VMM_EHOSTMEM; on failure nothing is mapped. */
+VMM_API int vmm_ipc_open(vmm_allocator *a, vmm_ipc_handle *h, void **ptr);
+
+/* Unmap a block opened with vmm_ipc_open and give its reference back. Returns VMM_OK, VMM_EBADPTR. */
+VMM_API int vmm_ipc_close(vmm_allocator *a, void *ptr);
+
+/* Free the blocks in limbo whose references all came back (as torch.cuda.ipc_collect). Returns how
+ * many were freed, or a negative status. */
+VMM_API int vmm_ipc_collect(vmm_allocator *a);
 
 #ifdef __cplusplus
 }

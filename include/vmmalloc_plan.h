@@ -54,12 +54,23 @@ typedef enum vmm_plan_algo {
 
 typedef struct vmm_plan_options {
     int algo;            /* a vmm_plan_algo; default VMM_PLAN_BEST */
-    double time_limit_s; /* seconds the exact search may run (exact, best); default 10 */
+    double time_limit_s; /* seconds the exact search may run (exact, best), counted from the start
+                          * of the call; default 10. See node_limit. */
     uint64_t capacity;   /* 0 (default): minimise the arena. Else exact/best stop at the first plan that
                           * fits in capacity bytes, and vmm_plan returns VMM_ENOMEM when the plan it
                           * returns does not fit (vmm_last_error says whether the exact search proved
                           * that none does); the offsets are written all the same. */
-    int threads;         /* worker threads for heuristics; 0 (default) = online CPUs */
+    int threads;         /* worker threads for heuristics, and with 2 or more the exact search runs
+                          * its two searches side by side; 0 (default) = online CPUs */
+    uint64_t node_limit; /* 0 (default): none. Else the exact search (exact, best) stops after this
+                          * many nodes in all (when minimising, half for each of its two searches),
+                          * or at the time limit if that comes first. The search is anytime: its
+                          * nodes come in the same order whatever the limits and the best plan found
+                          * so far is kept, so a run gives the arena any longer run had when it was
+                          * as many nodes in. With a node limit (and a time limit long enough not to
+                          * matter) the arena is the same on any machine, at any load, with any
+                          * number of threads. Not counted: the reordering pass of best on more
+                          * than 4096 buffers, which only the time limit stops. */
 } vmm_plan_options;
 
 typedef struct vmm_plan_result {

@@ -112,6 +112,66 @@ VMM_API void vmm_sim_global_live(vmm_sim_counters *out);
 VMM_API int vmm_sim_fail_nth(vmm_allocator *a, int kind, uint64_t nth);
 VMM_API int vmm_sim_fail_random(vmm_allocator *a, int kind, double p, uint64_t seed);
 
+/* ---- CUDA graph capture on the simulated device ------------------------------------------------
+ *
+ * Enough of CUDA's stream capture to test what an allocator must do while a graph is captured and
+ * replayed. While stream s captures, work queued on it (vmm_sim_launch, vmm_sim_memset32, and the
+ * work of streams that joined through vmm_sim_stream_wait_stream) is recorded instead of run; the
+ * capture's end gives a graph; each vmm_sim_graph_launch queues the recorded work again, in the
+ * recorded order, on a stream. The rules of CUDA's capture modes are enforced (src/driver.h,
+ * "Capture"): an unsafe driver call (allocation, mapping, event query or synchronization) made by a
+ * thread whose mode forbids it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
+ * capture; so do synchronizing the capturing stream or the device; events recorded in a capture
+ * cannot be queried. vmm_sim_capture_end then reports the invalidation. Thread safety: as above.
+ */
+
+/* Capture modes (CUstreamCaptureMode's values). */
+enum { VMM_SIM_CAPTURE_GLOBAL = 0, VMM_SIM_CAPTURE_THREAD_LOCAL = 1, VMM_SIM_CAPTURE_RELAXED = 2 };
+
+/* Work recorded by a capture; owned by the caller, freed with vmm_sim_graph_destroy. */
+typedef struct vmm_sim_graph vmm_sim_graph;
+
+/* Stream s (made by vmm_sim_stream_create; the default stream cannot capture) begins capturing in
+ * `mode` (VMM_SIM_CAPTURE_*). Returns VMM_OK, VMM_EINVAL (s captures already, bad mode, NULL a),
+ * VMM_EDRIVER (the default stream, an unknown stream: the message names the driver result),
+ * VMM_ENOTSUP. */
+VMM_API int vmm_sim_capture_begin(vmm_allocator *a, vmm_stream s, int mode);
+
+/* End the capture begun on s: *graph gets the recorded work (caller owns it). Returns VMM_OK;
+ * VMM_EDRIVER with *graph NULL when the capture was invalidated (the message says
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: some rule was broken while it went on), when s does not
+ * capture or began no capture, or when another thread ends a capture not begun relaxed;
+ * VMM_EINVAL, VMM_ENOTSUP. */
+VMM_API int vmm_sim_capture_end(vmm_allocator *a, vmm_stream s, vmm_sim_graph **graph);
+
+/* Replay: queue the graph's recorded work on stream s (not capturing), in order. Does not wait.
+ * VMM_EDRIVER (CUDA_ERROR_INVALID_VALUE) when memory the graph touches is no longer mapped: the
+ * replay would fault. */
+VMM_API int vmm_sim_graph_launch(vmm_allocator *a, vmm_sim_graph *g, vmm_stream s);
+
+/* Free a graph (NULL is a no-op). Needs no allocator: valid after vmm_destroy. */
+VMM_API void vmm_sim_graph_destroy(vmm_sim_graph *g);
+
+/* Work items recorded in g (0 for NULL). */
+VMM_API size_t vmm_sim_graph_nodes(const vmm_sim_graph *g);
+
+/* Set the calling thread's capture mode to *mode and return the previous one in *mode
+ * (cuThreadExchangeStreamCaptureMode). VMM_EINVAL for a mode out of range. */
+VMM_API int vmm_sim_capture_mode_exchange(vmm_allocator *a, int *mode);
+
+/* Stream-ordered fill of n 32-bit words at p with value (cuMemsetD32Async): a "kernel" that writes
+ * device memory, recorded when s captures. p must be mapped (VMM_EDRIVER otherwise). */
+VMM_API int vmm_sim_memset32(vmm_allocator *a, void *p, uint32_t value, size_t n, vmm_stream s);
+
+/* Later work on s waits for the work queued on `on` so far (an event recorded on `on`, waited on by
+ * s). While `on` captures this forks s into its capture (s's later work is recorded too, until the
+ * capture ends); waiting back on s from the capturing stream joins it. */
+VMM_API int vmm_sim_stream_wait_stream(vmm_allocator *a, vmm_stream s, vmm_stream on);
+
+/* Whether stream s takes part in a capture now (*capturing 1 or 0) and the capture's id (nonzero,
+ * unique in the process; 0 when not capturing). */
+VMM_API int vmm_sim_stream_capture_info(vmm_allocator *a, vmm_stream s, int *capturing, uint64_t *id);
+
 #ifdef __cplusplus
 }
 #endif

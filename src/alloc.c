@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "history.h"
 #include "internal.h"
 
 enum {
@@ -129,6 +130,8 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
         rc = setup_device(a);
     if (!rc)
         rc = vmm_seg_peers_init(a);
+    if (!rc)
+        rc = vmm_ipc_setup(a);
     if (rc) {
         if (a->drv)
             a->drv->ops->close(a->drv);
@@ -145,7 +148,11 @@ VMM_API void vmm_destroy(vmm_allocator *a)
 {
     if (!a)
         return;
+    vmm_cb_destroy(a); /* before_unmap for what is still mapped, outside the lock */
     vmm_lock(a);
+    int mode = vmm_capture_relax(a); /* its driver calls must not invalidate a capture */
+    vmm_ipc_destroy(a);
+    vmm_sleep_destroy(a);
     vmm_pinned_destroy(a);
     vmm_events_shutdown(a);
     if (a->live_n) {
@@ -160,11 +167,14 @@ VMM_API void vmm_destroy(vmm_allocator *a)
     vmm_history_destroy(a);
     vmm_live_free_table(a);
     vmm_seg_destroy_all(a);
+    vmm_mempool_destroy_all(a);
+    vmm_capture_destroy(a);
     vmm_block_cache_drain(a);
     for (size_t i = 0; i < a->n_sim_streams; i++)
         a->drv->ops->stream_destroy(a->drv, a->sim_streams[i]);
     if (a->sim_streams)
         vmm_meta_free(a->meta, a->sim_streams, a->cap_sim_streams * sizeof *a->sim_streams);
+    vmm_capture_restore(a, mode);
     a->drv->ops->close(a->drv);
     vmm_meta_close(a->meta);
     vmm_unlock(a);
@@ -184,16 +194,24 @@ static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
     vmm_stats_derive(a, &st);
     const vmm_stats *s = &st;
     double mib = (double)VMM_MiB;
+    /* memory of private pools (CUDA graphs) is counted in the totals; say how much (as PyTorch) */
+    int64_t n_pools, pool_res, pool_alloc, routes;
+    vmm_mempool_totals(a, &n_pools, &pool_res, &pool_alloc, &routes);
+    char pools[160] = "";
+    if (n_pools)
+        snprintf(pools, sizeof pools, " Private pools (CUDA graphs): %lld, reserving %.2f MiB of "
+                 "which %.2f MiB allocated.", (long long)n_pools, (double)pool_res / mib,
+                 (double)pool_alloc / mib);
     return vmm_fail(VMM_ENOMEM,
                     "vmmalloc: out of memory. Tried to allocate %.2f MiB (%zu bytes, %zu after rounding) "
                     "on device %d (%s), total capacity %.2f MiB, of which %.2f MiB is free; "
                     "this allocator may use %.2f MiB. Allocated by this allocator: %.2f MiB; "
-                    "reserved but unallocated: %.2f MiB (cached handles %.2f MiB). Tried: %s.",
+                    "reserved but unallocated: %.2f MiB (cached handles %.2f MiB).%s Tried: %s.",
                     (double)size / mib, size, rounded, a->dev.ordinal, a->dev.name,
                     (double)total / mib, (double)free_b / mib, (double)a->cap / mib,
                     (double)s->allocated_bytes[0].current / mib,
                     (double)(s->reserved_bytes[0].current - s->allocated_bytes[0].current) / mib,
-                    (double)vmm_handles_bytes(a, -1) / mib, tried);
+                    (double)vmm_handles_bytes(a, -1) / mib, pools, tried);
 }
 
 /* garbage_collection_threshold: with a memory fraction set, give back cached memory once reserved
@@ -252,7 +270,13 @@ static int malloc_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, siz
             vmm_events_process(a);
             got = vmm_seg_reclaim(a, SIZE_MAX);
         } else if (attempt == 3) {
-            /* last resort: wait for the events guarding the memory we need */
+            /* last resort: wait for the events guarding the memory we need; never while a
+             * capture is underway (capture.c): it fails clearly instead */
+            if (vmm_capture_no_sync(a, sr->stream)) {
+                if (off < tried_len)
+                    vmm_capture_oom_note(a, sr->stream, tried + off, tried_len - off);
+                return rc;
+            }
             size_t waits = vmm_events_wait_all(a);
             vmm_fences_record(a);
             waits += vmm_fences_wait(a);
@@ -280,6 +304,12 @@ static int malloc_classic(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
     if (rc != VMM_ENOMEM)
         return rc;
     a->stats.num_alloc_retries++;
+    /* cuMemFree synchronizes the device: nothing more while a capture is underway (capture.c) */
+    if (vmm_capture_no_sync(a, sr->stream)) {
+        size_t off = strlen(tried);
+        vmm_capture_oom_note(a, sr->stream, tried + off, tried_len - off);
+        return rc;
+    }
     /* PyTorch's order: free cached oversize segments, then sync everything and free all cached */
     if (a->cfg.max_split_size != SIZE_MAX &&
         vmm_seg_classic_release(a, a->cfg.max_split_size, vmm_classic_segment_size(size), 0)) {
@@ -295,51 +325,94 @@ static int malloc_classic(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
     return vmm_seg_classic_alloc(a, sr, pool, size, out);
 }
 
+/* malloc_locked's answer when memory is short while detached pages wait for their before_unmap
+ * (callbacks.c): vmm_malloc delivers, then tries again. */
+enum { MALLOC_RETRY_DELIVER = 1 };
+
 /* No cached block fits: garbage collection, growth / remapping (or a classic segment), OOM. Kept
- * out of line so the cached path stays short. */
+ * out of line so the cached path stays short. lane: the tagged lane (sleep.c), NULL for the
+ * stream's own record. last: report OOM rather than ask for MALLOC_RETRY_DELIVER. */
 static __attribute__((noinline)) int malloc_slow(vmm_allocator *a, size_t size, size_t rounded,
-                                                 int pool, vmm_stream stream, vmm_block **out)
+                                                 int pool, vmm_stream stream, vmm_stream_rec *lane,
+                                                 vmm_block **out, int last)
 {
-    vmm_stream_rec *sr = vmm_stream_rec_get(a, stream);
+    vmm_stream_rec *sr = lane ? lane : vmm_stream_rec_get(a, stream);
     if (!sr)
         return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for a stream record");
     int rc;
     char tried[512] = "cached blocks of this stream, completed deferred frees";
-    collect_garbage(a);
+    /* classic garbage collection frees segments (cuMemFree synchronizes): not while capturing */
+    if (a->cfg.expandable_segments || !vmm_capture_no_sync(a, stream))
+        collect_garbage(a);
     if (rounded > a->cap) {
         rc = VMM_ENOMEM;
         snprintf(tried, sizeof tried, "nothing (the request exceeds the allowed memory)");
-    } else if (a->cfg.expandable_segments) {
+    } else if (a->cfg.expandable_segments || sr->tag) {
+        /* tagged memory is always in VMM segments, classic mode too: it must be able to sleep */
         rc = malloc_expandable(a, sr, pool, rounded, out, tried, sizeof tried);
     } else {
         rc = malloc_classic(a, sr, pool, rounded, out, tried, sizeof tried);
     }
+    if (rc == VMM_ENOMEM && !last && a->cb && vmm_cb_pending(a))
+        return MALLOC_RETRY_DELIVER;
     if (rc == VMM_ENOMEM)
         return oom(a, size, rounded, tried);
     return rc;
 }
 
-static int malloc_locked(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr)
+static int malloc_locked(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr, int last)
 {
     a->malloc_count++;
-    /* deferred frees are polled only while there are some: no driver call otherwise */
-    if (VMM_UNLIKELY(a->deferred != NULL))
+    int callbacks_run = 0;
+again:;
+    /* captures underway (mempool.c): the stream's allocations may go to a private pool */
+    vmm_mempool *mp = NULL;
+    if (VMM_UNLIKELY(a->n_routes != 0))
+        mp = vmm_mempool_route(a, stream);
+    /* deferred frees are polled only while there are some: no driver call otherwise; and not while
+     * captures are underway (PyTorch's process_events is skipped then too) */
+    if (VMM_UNLIKELY(a->deferred != NULL) && !a->n_routes) {
+        int m = vmm_capture_relax(a);
         vmm_events_process(a);
+        vmm_capture_restore(a, m);
+    }
+    /* tagged allocations, or untagged ones while untagged memory sleeps, go through their lane */
+    vmm_stream key = stream;
+    vmm_stream_rec *lane = NULL;
+    if (VMM_UNLIKELY(a->tag_path)) {
+        int lrc = vmm_lane_get(a, stream, a->cur_tag, &lane);
+        if (lrc)
+            return lrc;
+        key = lane->key;
+    }
     /* a cached block implies its stream's record exists; only the slow path needs it */
     vmm_block *b;
     size_t rounded;
     int pool;
-    int rc = vmm_pool_malloc_cached(a, size, stream, &b, &rounded, &pool);
+    int rc = vmm_pool_malloc_cached(a, mp, size, key, &b, &rounded, &pool);
     if (VMM_UNLIKELY(!b)) {
         if (rc)
             return rc;
-        rc = malloc_slow(a, size, rounded, pool, stream, &b);
+        /* PyTorch's step 2: free-memory callbacks (outside the lock), then the cache again */
+        if (VMM_UNLIKELY(a->cb_free_n) && !callbacks_run) {
+            callbacks_run = 1;
+            if (vmm_cb_run_free(a))
+                goto again;
+        }
+        /* segments made now belong to mp; driver calls in relaxed capture mode (capture.c) */
+        a->cur_mp = mp;
+        int m = vmm_capture_relax(a);
+        rc = malloc_slow(a, size, rounded, pool, stream, lane, &b, last);
+        vmm_capture_restore(a, m);
+        a->cur_mp = NULL;
         if (rc)
             return rc;
         rc = vmm_pool_take(a, &b, rounded, size, 0);
         if (rc)
             return rc;
     }
+    if (VMM_UNLIKELY(mp != NULL))
+        mp->n_mallocs++;
     *ptr = (void *)b->addr;
     VMM_HISTORY(a, VMM_TRACE_ALLOC, b->addr, b->size, stream);
     return VMM_OK;
@@ -354,9 +427,22 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
         return VMM_OK;
     if (size >= ((size_t)1 << MAX_REQUEST_SHIFT))
         return vmm_fail(VMM_EINVAL, "vmm_malloc: size %zu is too large", size);
+    VMM_HISTORY_CONTEXT_BEGIN(a); /* Python frames for the history, gathered before the lock */
     vmm_lock(a);
-    int rc = malloc_locked(a, size, stream, ptr);
-    vmm_unlock(a);
+    int rc = malloc_locked(a, size, stream, ptr, 0);
+    if (VMM_UNLIKELY(a->cb != NULL)) {
+        /* callbacks: deliver what this call queued; when memory was short while detached pages
+         * waited for their before_unmap, deliver (they are unmapped then) and try again */
+        for (int i = 0; rc == MALLOC_RETRY_DELIVER; i++) {
+            vmm_unlock_deliver_wait(a);
+            vmm_lock(a);
+            rc = malloc_locked(a, size, stream, ptr, i > 0);
+        }
+        vmm_unlock_deliver(a);
+    } else {
+        vmm_unlock(a);
+    }
+    VMM_HISTORY_CONTEXT_END();
     return rc;
 }
 
@@ -384,6 +470,11 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     if (VMM_UNLIKELY(!b)) {
         rc = vmm_fail(VMM_EBADPTR, "vmm_free: %p was not returned by vmm_malloc of this allocator, is "
                                    "an interior pointer, or was already freed", ptr);
+    } else if (VMM_UNLIKELY(b->seg->asleep)) {
+        vmm_sleep_free(a, b, slot); /* nothing mapped, nothing to wait for */
+    } else if (VMM_UNLIKELY(a->ipc != NULL) && (rc = vmm_ipc_hold(a, b)) != 0) {
+        if (rc > 0)
+            rc = VMM_OK; /* shared and still open in another process: freed when they let go */
     } else {
         vmm_stream_rec *sr = b->seg->srec;
         int pool = b->seg->pool;
@@ -404,8 +495,8 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
         vmm_hot_down(a->stats.requested_bytes, pool, (int64_t)b->requested);
         if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
             vmm_stat_add(&a->stats.oversize_allocations, -1);
-        b->requested = 0;
         if (VMM_LIKELY(b->state == VMM_BLOCK_ALLOCATED)) {
+            b->requested = 0;
             vmm_pool_release(a, b);
         } else {
             /* deferred: still active, counted as pending (see vmm_hot_up) */
@@ -491,6 +582,13 @@ VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
          * cannot handle an error either) and the free tries again. */
         if (rc == VMM_OK && !b->ext->events[i])
             b->ext->events[i] = vmm_event_for_use(a, stream);
+        /* a use by captured work runs only in replays: remembered, so that the free drops it once
+         * the capture has ended instead of waiting for it (capture.c) */
+        uint64_t cid = 0;
+        if (rc == VMM_OK && vmm_capture_stream(a, stream, &cid))
+            (void)vmm_capture_use_add(a, b, stream, cid); /* if not remembered, it is waited for */
+        else if (rc == VMM_OK && VMM_UNLIKELY(a->capture != NULL))
+            vmm_capture_use_eager(a, b, stream);
     }
     vmm_unlock(a);
     return rc;
@@ -504,20 +602,29 @@ VMM_API int vmm_empty_cache(vmm_allocator *a)
         return vmm_fail(VMM_EINVAL, "vmm_empty_cache: allocator is NULL");
     vmm_lock(a);
     vmm_clear_error();
+    int mode = vmm_capture_relax(a); /* no driver call may invalidate a capture (capture.c) */
     vmm_events_process(a);
-    if (a->cfg.expandable_segments) {
+    vmm_mempool_settle(a); /* released private pools: their memory joins what is returned below */
+    if (a->cfg.expandable_segments || a->mixed_lanes) {
         /* no waiting: fence what is unfenced, take what is already proven idle */
         vmm_fences_poll(a);
         vmm_fences_record(a);
         vmm_fences_poll(a);
         vmm_seg_reclaim(a, SIZE_MAX);
+        if (VMM_UNLIKELY(a->cb != NULL))
+            vmm_cb_flush(a, 0); /* pages detached for before_unmap come back as cached handles */
         vmm_handles_release(a, 0, SIZE_MAX);
         vmm_seg_free_empty(a);
-    } else {
-        vmm_seg_classic_release(a, 0, SIZE_MAX, 0);
     }
+    /* cuMemFree synchronizes the device: not while captures are underway (capture.c) */
+    if (!a->cfg.expandable_segments && !a->n_routes)
+        vmm_seg_classic_release(a, 0, SIZE_MAX, 0);
+    vmm_capture_restore(a, mode);
     int rc = vmm_last_error()[0] ? VMM_EDRIVER : VMM_OK;
-    vmm_unlock(a);
+    if (VMM_UNLIKELY(a->cb != NULL))
+        vmm_unlock_deliver(a);
+    else
+        vmm_unlock(a);
     return rc;
 }
 

@@ -218,6 +218,20 @@ static int f_peers(const vmm_config *c, char *b, size_t n)
     return (int)(off + (size_t)(k > 0 ? k : 0));
 }
 
+/* ipc: true | false | auto (ipc.c). */
+static int p_ipc(vmm_config *c, const char *key, token v)
+{
+    if (token_eq(v, "auto")) {
+        c->ipc = -1;
+        return VMM_OK;
+    }
+    return parse_bool(key, v, &c->ipc);
+}
+static int f_ipc(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->ipc < 0 ? "auto" : c->ipc ? "true" : "false");
+}
+
 static int p_expandable(vmm_config *c, const char *key, token v)
 {
     return parse_bool(key, v, &c->expandable_segments);
@@ -548,6 +562,8 @@ static const option_desc options[] = {
      "devices granted access to this allocator's expandable memory: all (every peer the driver allows), none, or [1,2] (default all)"},
     {"expandable_segments", p_expandable, f_expandable,
      "true: VA ranges that grow by mapping pages; false: classic cuMemAlloc segments (default true)"},
+    {"ipc", p_ipc, f_ipc,
+     "pages exportable to other processes (vmm_ipc_get_handle): true, false, or auto: where the device supports POSIX file descriptor handles (default auto)"},
     {"max_split_size_mb", p_max_split, f_max_split,
      "blocks at least this large are never split; must be > 20 (default unlimited)"},
     {"max_non_split_rounding_mb", p_non_split, f_non_split,
@@ -587,6 +603,7 @@ void vmm_config_defaults(vmm_config *c)
     /* all: memory behaves like cudaMalloc'd memory once peers are enabled, since PyTorch's pluggable
      * allocator interface never tells the allocator which peers the application enables */
     c->peer_all = 1;
+    c->ipc = -1;
     c->max_split_size = SIZE_MAX;
     c->max_non_split_rounding = 20 * VMM_MiB;
     c->garbage_collection_threshold = 0.0;

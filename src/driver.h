@@ -61,6 +61,24 @@
  * that event_record at free time creates nothing. set_access grants the driver's device and every
  * peer added with peer_enable; ranges mapped before a peer was added need set_access again.
  *
+ * Capture (CUDA graphs). While a stream captures (cuStreamBeginCapture), work queued on it is
+ * recorded into a graph instead of running, and replayed later as often as the graph is launched.
+ * Then: an event recorded on the stream is a captured event, which event_query / event_sync refuse
+ * (CAPTURED_EVENT) and which proves nothing about work that runs; stream_sync of the stream, and
+ * device_sync or mem_free (which synchronize the device) while any capture goes on, are refused
+ * (STREAM_CAPTURE_UNSUPPORTED) and invalidate the capture; a capturing stream waiting on an event
+ * recorded outside the capture is refused (STREAM_CAPTURE_ISOLATION). "Potentially unsafe" calls
+ * (every allocation, mapping and release call: va_reserve, va_free, mem_create, mem_release,
+ * mem_map, mem_unmap, set_access, mem_alloc, mem_free, host_alloc, host_free, lookup_mapping; and
+ * event_query, event_sync, stream_sync, device_sync) made by a thread whose capture mode is not
+ * relaxed fail with STREAM_CAPTURE_UNSUPPORTED and invalidate a capture begun in a mode that
+ * forbids them: the calling thread's own capture unless it was begun relaxed, and, when the
+ * thread is in global mode, every other thread's capture begun in global mode (cuda.h,
+ * cuThreadExchangeStreamCaptureMode). Callers therefore make such calls with the thread in relaxed
+ * mode (capture_mode_exchange), and never query, wait on or synchronize what a capture encompasses.
+ * The sim models this on its own streams (captures are per simulated device; the thread mode is
+ * per thread, as in CUDA); the CUDA double models it as cuda.h documents.
+ *
  * Thread safety. Every op may be called from any thread concurrently; implementations lock what
  * they share. Callbacks from launch_host run on a driver-owned thread.
  */
@@ -83,8 +101,20 @@ typedef enum vmm_drv_result {
     VMM_DRV_INVALID_HANDLE = 400,
     VMM_DRV_NOT_READY = 600,
     VMM_DRV_NOT_SUPPORTED = 801,
+    /* Stream capture (CUDA graphs): see "Capture" in the contract above. */
+    VMM_DRV_STREAM_CAPTURE_UNSUPPORTED = 900, /* not permitted while (this) capture goes on */
+    VMM_DRV_STREAM_CAPTURE_INVALIDATED = 901, /* the capture was invalidated by an earlier error */
+    VMM_DRV_STREAM_CAPTURE_MERGE = 902,       /* would merge two captures */
+    VMM_DRV_STREAM_CAPTURE_UNMATCHED = 903,   /* ended on another stream than it began on */
+    VMM_DRV_STREAM_CAPTURE_ISOLATION = 905,   /* capturing stream waits on an uncaptured event */
+    VMM_DRV_STREAM_CAPTURE_IMPLICIT = 906,    /* legacy stream next to a blocking capture */
+    VMM_DRV_CAPTURED_EVENT = 907,             /* query / sync of an event recorded in capture */
+    VMM_DRV_STREAM_CAPTURE_WRONG_THREAD = 908, /* ended by another thread than its owner */
     VMM_DRV_UNKNOWN = 999,
 } vmm_drv_result;
+
+/* Capture interaction modes of a thread and of a capture (CUstreamCaptureMode's values). */
+enum { VMM_CAPTURE_MODE_GLOBAL = 0, VMM_CAPTURE_MODE_THREAD_LOCAL = 1, VMM_CAPTURE_MODE_RELAXED = 2 };
 
 /* Name of a result ("CUDA_ERROR_INVALID_VALUE" style) for messages: the contract's kinds from a
  * table, any other CUresult from the loaded CUDA driver's cuGetErrorName. */
@@ -143,11 +173,40 @@ typedef struct vmm_driver_ops {
      * (cuDeviceCanAccessPeer), INVALID_DEVICE for no such device; adding the driver's own device
      * or a peer already added succeeds and changes nothing. */
     int (*peer_enable)(vmm_driver *d, int peer);
+    /* OPTIONAL (NULL: streams never capture). Whether stream s takes part in a capture now
+     * (cuStreamGetCaptureInfo): *capturing 1 and *id the capture sequence's id (unique in the
+     * process, nonzero) while it does, an invalidated capture included; 0 and 0 otherwise. The
+     * legacy default stream next to a capturing blocking stream answers *capturing 1, *id 0
+     * (cuda.h: STREAM_CAPTURE_IMPLICIT; nothing may be queued on it then). Not an unsafe call.
+     * INVALID_HANDLE for an unknown stream. */
+    int (*stream_capture_info)(vmm_driver *d, void *s, int *capturing, uint64_t *id);
+    /* OPTIONAL (NULL: no capture modes). Set the calling thread's capture mode to *mode
+     * (VMM_CAPTURE_MODE_*) and return the previous one in *mode
+     * (cuThreadExchangeStreamCaptureMode). INVALID_VALUE for a mode out of range. */
+    int (*capture_mode_exchange)(vmm_driver *d, int *mode);
     int (*launch_host)(vmm_driver *d, void *s, void (*fn)(void *), void *arg);
     /* Stream-ordered fill of n 32-bit words at va with value (cuMemsetD32Async). */
     int (*memset32)(vmm_driver *d, uintptr_t va, uint32_t value, size_t n, void *s);
     /* Stream-ordered copy of n bytes from device va to host memory (cuMemcpyDtoHAsync). */
     int (*memcpy_dtoh)(vmm_driver *d, void *dst, uintptr_t va, size_t n, void *s);
+    /* OPTIONAL (NULL: none; sleep with backup answers VMM_ENOTSUP). Stream-ordered copy of n bytes
+     * from host memory src to device va (cuMemcpyHtoDAsync); src must stay valid until the copy
+     * has run (an event recorded after it completes). */
+    int (*memcpy_htod)(vmm_driver *d, uintptr_t va, const void *src, size_t n, void *s);
+    /* OPTIONAL (NULL: pages are never exportable). Pages created from now on are exportable as
+     * POSIX file descriptors (on = 1: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) or plain (0: no
+     * handle type). NOT_SUPPORTED when on is asked of a device that cannot export; device_info's
+     * posix_fd_handles says what pages are created as. */
+    int (*set_exportable)(vmm_driver *d, int on);
+    /* OPTIONAL, present with set_exportable. *fd gets a new close-on-exec descriptor of handle h's
+     * memory (cuMemExportToShareableHandle); the caller owns it. INVALID_VALUE for a handle that
+     * was not created exportable. */
+    int (*export_fd)(vmm_driver *d, vmm_phys h, int *fd);
+    /* OPTIONAL, present with set_exportable. *out gets a new handle on the memory behind fd (a
+     * descriptor export_fd made, in this process or another: cuMemImportFromShareableHandle); the
+     * caller keeps fd (it may close it at once) and releases the handle with mem_release. The
+     * memory is the exporter's: importing does not charge the device again. */
+    int (*import_fd)(vmm_driver *d, int fd, vmm_phys *out);
     /* Physical handle mapped at the page containing va, or 0 and INVALID_VALUE when unmapped.
      * Used by vmm_check to compare the allocator's page table with the driver's. */
     int (*lookup_mapping)(vmm_driver *d, uintptr_t va, vmm_phys *out);
@@ -199,6 +258,20 @@ int vmm_sim_driver_fail_random(vmm_driver *d, int kind, double p, uint64_t seed)
  * Neither is counted as a call nor takes injected faults. */
 int vmm_sim_driver_export_fd(vmm_driver *d, vmm_phys h, int *fd);
 int vmm_sim_driver_import_fd(vmm_driver *d, int fd, vmm_phys *out);
+/* Stream capture on the simulated device (vmm_sim_capture_begin & co. in vmmalloc_sim.h; the
+ * CUDA double does not use them). begin: s (not the default stream, which stands for CUDA's legacy
+ * stream) captures in `mode` (VMM_CAPTURE_MODE_*); INVALID_VALUE when it captures already.
+ * end: the capture begun on s ends, every stream that joined it leaves it, and *graph gets the
+ * recorded work (NULL and STREAM_CAPTURE_INVALIDATED when the capture was invalidated;
+ * STREAM_CAPTURE_UNMATCHED on another stream, STREAM_CAPTURE_WRONG_THREAD from another thread
+ * than a non-relaxed capture's owner). launch: queue the graph's work on s as one would replay it
+ * (INVALID_VALUE when its memory is no longer mapped, or s captures). Graphs do not belong to a
+ * device: graph_destroy works after the device is gone. Not counted as calls, no injected faults. */
+int vmm_sim_driver_capture_begin(vmm_driver *d, void *s, int mode);
+int vmm_sim_driver_capture_end(vmm_driver *d, void *s, vmm_sim_graph **graph);
+int vmm_sim_driver_graph_launch(vmm_driver *d, vmm_sim_graph *g, void *s);
+void vmm_sim_driver_graph_destroy(vmm_sim_graph *g);
+size_t vmm_sim_driver_graph_nodes(const vmm_sim_graph *g);
 
 /* drv_cuda.c: opens libcuda.so.1 and device `ordinal` on its primary context. Returns a
  * vmm_drv_result; on failure msg (if non-NULL) gets a short reason. The results say why:

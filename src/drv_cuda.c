@@ -24,6 +24,10 @@
  * the device supports that handle type, falling back to no handle type, once and for good, if the
  * system refuses it (containers without the permission answer NOT_PERMITTED / NOT_SUPPORTED).
  *
+ * Capture (CUDA graphs): stream_capture_info is cuStreamGetCaptureInfo (the _v2 ABI, which version
+ * 12000 resolves to), the legacy stream's STREAM_CAPTURE_IMPLICIT answered as "capturing";
+ * capture_mode_exchange is cuThreadExchangeStreamCaptureMode, thread-local, no context needed.
+ *
  * Thread safety: the entry-point table is filled once per process (pthread_once) and read-only
  * after; a driver's state is read-only after open except the peer set and the handle-type
  * fallback, which are atomics; the CUDA driver itself is thread safe. One event is used by one
@@ -68,6 +72,17 @@ SAME_RESULT(VMM_DRV_INVALID_HANDLE, CUDA_ERROR_INVALID_HANDLE);
 SAME_RESULT(VMM_DRV_NOT_READY, CUDA_ERROR_NOT_READY);
 SAME_RESULT(VMM_DRV_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED);
 SAME_RESULT(VMM_DRV_UNKNOWN, CUDA_ERROR_UNKNOWN);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_UNSUPPORTED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_MERGE, CUDA_ERROR_STREAM_CAPTURE_MERGE);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_UNMATCHED, CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_WRONG_THREAD, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_ISOLATION, CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+SAME_RESULT(VMM_DRV_STREAM_CAPTURE_IMPLICIT, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+SAME_RESULT(VMM_DRV_CAPTURED_EVENT, CUDA_ERROR_CAPTURED_EVENT);
+SAME_RESULT(VMM_CAPTURE_MODE_GLOBAL, CU_STREAM_CAPTURE_MODE_GLOBAL);
+SAME_RESULT(VMM_CAPTURE_MODE_THREAD_LOCAL, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+SAME_RESULT(VMM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_MODE_RELAXED);
 /* vmm_phys holds a CUmemGenericAllocationHandle, streams and events are opaque pointers. */
 _Static_assert(sizeof(vmm_phys) == sizeof(CUmemGenericAllocationHandle), "vmm_phys holds a CUDA handle");
 _Static_assert(sizeof(uintptr_t) == sizeof(CUdeviceptr), "device pointers fit uintptr_t");
@@ -129,6 +144,11 @@ static struct cuda_api {
     CUresult (*stream_synchronize)(CUstream);
     CUresult (*stream_wait_event)(CUstream, CUevent, unsigned int);
     CUresult (*stream_get_ctx)(CUstream, CUcontext *);
+    /* cuStreamGetCaptureInfo at 12000 is the _v2 ABI (cudaTypedefs.h:
+     * PFN_cuStreamGetCaptureInfo_v11030; the 7-argument _v3 came with 12030) */
+    CUresult (*stream_get_capture_info)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,
+                                        const CUgraphNode **, size_t *);
+    CUresult (*thread_exchange_capture_mode)(CUstreamCaptureMode *);
     CUresult (*event_create)(CUevent *, unsigned int);
     CUresult (*event_record)(CUevent, CUstream);
     CUresult (*event_query)(CUevent);
@@ -137,6 +157,10 @@ static struct cuda_api {
     CUresult (*launch_host_func)(CUstream, CUhostFn, void *);
     CUresult (*memset_d32_async)(CUdeviceptr, unsigned int, size_t, CUstream);
     CUresult (*memcpy_dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*memcpy_htod_async)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*export_shareable)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+                                 unsigned long long);
+    CUresult (*import_shareable)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
     CUresult (*host_alloc)(void **, size_t, unsigned int);
     CUresult (*host_free)(void *);
 } cu;
@@ -230,6 +254,8 @@ static CUresult resolve(const char *symbol, void **fn)
     X(stream_synchronize, "cuStreamSynchronize")           \
     X(stream_wait_event, "cuStreamWaitEvent")              \
     X(stream_get_ctx, "cuStreamGetCtx")                    \
+    X(stream_get_capture_info, "cuStreamGetCaptureInfo")   \
+    X(thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode") \
     X(event_create, "cuEventCreate")                       \
     X(event_record, "cuEventRecord")                       \
     X(event_query, "cuEventQuery")                         \
@@ -238,6 +264,9 @@ static CUresult resolve(const char *symbol, void **fn)
     X(launch_host_func, "cuLaunchHostFunc")                \
     X(memset_d32_async, "cuMemsetD32Async")                \
     X(memcpy_dtoh_async, "cuMemcpyDtoHAsync")              \
+    X(memcpy_htod_async, "cuMemcpyHtoDAsync")              \
+    X(export_shareable, "cuMemExportToShareableHandle")    \
+    X(import_shareable, "cuMemImportFromShareableHandle")  \
     X(host_alloc, "cuMemHostAlloc")                        \
     X(host_free, "cuMemFreeHost")
 
@@ -329,6 +358,7 @@ typedef struct cuda_driver {
     vmm_device_info info;
     _Atomic uint64_t peers;   /* bit i: set_access also grants device i (peer_enable) */
     _Atomic int fd_handles;   /* pages requested exportable as POSIX fds (cleared on refusal) */
+    int fd_supported;         /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
 } cuda_driver;
 
 static cuda_driver *as_cuda(vmm_driver *d) { return (cuda_driver *)d; }
@@ -748,6 +778,53 @@ static int cu_stream_wait_event(vmm_driver *d, void *s, vmm_event ev)
                       cu.stream_wait_event(as_stream(s), as_event(ev)->slot[as_event(ev)->last].ev, 0));
 }
 
+/* ---- capture ------------------------------------------------------------------------------- */
+
+static int cu_stream_capture_info(vmm_driver *d, void *s, int *capturing, uint64_t *id)
+{
+    if (!capturing || !id)
+        return VMM_DRV_INVALID_VALUE;
+    *capturing = 0;
+    *id = 0;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cuuint64_t cid = 0;
+    CUcontext prev;
+    cuda_driver *c = as_cuda(d);
+    /* the legacy stream (NULL) is the current context's: ours for the call */
+    CUresult r = ctx_enter(c, &prev);
+    if (r == CUDA_SUCCESS)
+        r = cu.stream_get_capture_info(as_stream(s), &st, &cid, NULL, NULL, NULL);
+    ctx_leave(c, prev);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+        /* "if this is called on CU_STREAM_LEGACY while a blocking stream in the same context is
+         * capturing": nothing may be queued on the legacy stream until that capture ends */
+        *capturing = 1;
+        return VMM_DRV_SUCCESS;
+    }
+    if (r != CUDA_SUCCESS)
+        return (int)r;
+    if (st != CU_STREAM_CAPTURE_STATUS_NONE) {
+        *capturing = 1;
+        /* "Valid data (other than capture status) is returned only if ... the returned capture
+         * status is CU_STREAM_CAPTURE_STATUS_ACTIVE" */
+        *id = st == CU_STREAM_CAPTURE_STATUS_ACTIVE ? (uint64_t)cid : 0;
+    }
+    return VMM_DRV_SUCCESS;
+}
+
+/* Thread-local and context-free: no context switch. */
+static int cu_capture_mode_exchange(vmm_driver *d, int *mode)
+{
+    (void)d;
+    if (!mode || *mode < VMM_CAPTURE_MODE_GLOBAL || *mode > VMM_CAPTURE_MODE_RELAXED)
+        return VMM_DRV_INVALID_VALUE;
+    CUstreamCaptureMode m = (CUstreamCaptureMode)*mode;
+    CUresult r = cu.thread_exchange_capture_mode(&m);
+    if (r == CUDA_SUCCESS)
+        *mode = (int)m;
+    return (int)r;
+}
+
 static int cu_launch_host(vmm_driver *d, void *s, void (*fn)(void *), void *arg)
 {
     if (!fn)
@@ -765,6 +842,58 @@ static int cu_memcpy_dtoh(vmm_driver *d, void *dst, uintptr_t va, size_t n, void
     if (!dst && n)
         return VMM_DRV_INVALID_VALUE;
     RETURN_IN_CONTEXT(as_cuda(d), cu.memcpy_dtoh_async(dst, (CUdeviceptr)va, n, as_stream(s)));
+}
+
+static int cu_memcpy_htod(vmm_driver *d, uintptr_t va, const void *src, size_t n, void *s)
+{
+    if (!src && n)
+        return VMM_DRV_INVALID_VALUE;
+    RETURN_IN_CONTEXT(as_cuda(d), cu.memcpy_htod_async((CUdeviceptr)va, src, n, as_stream(s)));
+}
+
+/* The ipc config key: pages exportable as POSIX fds from now on, or plain. A refusal by the system
+ * at cuMemCreate time still falls back to plain pages (cu_mem_create). */
+static int cu_set_exportable(vmm_driver *d, int on)
+{
+    cuda_driver *c = as_cuda(d);
+    if (on && (!c->info.vmm_supported || !c->fd_supported))
+        return VMM_DRV_NOT_SUPPORTED;
+    c->fd_handles = on != 0;
+    return VMM_DRV_SUCCESS;
+}
+
+/* A POSIX fd travels by value: cuMemExportToShareableHandle writes an int, and
+ * cuMemImportFromShareableHandle takes it in the pointer, (void *)(uintptr_t)fd. No context is
+ * needed (the handle names its device), but the calls run in ours like every other. */
+static int cu_export_fd(vmm_driver *d, vmm_phys h, int *fd)
+{
+    if (!fd)
+        return VMM_DRV_INVALID_VALUE;
+    int out = -1;
+    CUcontext prev;
+    CUresult r = ctx_enter(as_cuda(d), &prev);
+    if (r == CUDA_SUCCESS)
+        r = cu.export_shareable(&out, (CUmemGenericAllocationHandle)h,
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    ctx_leave(as_cuda(d), prev);
+    if (r == CUDA_SUCCESS)
+        *fd = out;
+    return (int)r;
+}
+
+static int cu_import_fd(vmm_driver *d, int fd, vmm_phys *out)
+{
+    if (!out || fd < 0)
+        return VMM_DRV_INVALID_VALUE;
+    CUmemGenericAllocationHandle h = 0;
+    CUcontext prev;
+    CUresult r = ctx_enter(as_cuda(d), &prev);
+    if (r == CUDA_SUCCESS)
+        r = cu.import_shareable(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    ctx_leave(as_cuda(d), prev);
+    if (r == CUDA_SUCCESS)
+        *out = (vmm_phys)h;
+    return (int)r;
 }
 
 /* Page-locked host memory, usable from every context (PORTABLE), for the pinned cache. */
@@ -834,9 +963,15 @@ static const vmm_driver_ops cuda_ops = {
     .stream_wait_event = cu_stream_wait_event,
     .event_prepare = cu_event_prepare,
     .peer_enable = cu_peer_enable,
+    .stream_capture_info = cu_stream_capture_info,
+    .capture_mode_exchange = cu_capture_mode_exchange,
     .launch_host = cu_launch_host,
     .memset32 = cu_memset32,
     .memcpy_dtoh = cu_memcpy_dtoh,
+    .memcpy_htod = cu_memcpy_htod,
+    .set_exportable = cu_set_exportable,
+    .export_fd = cu_export_fd,
+    .import_fd = cu_import_fd,
     .lookup_mapping = cu_lookup_mapping,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
@@ -872,6 +1007,7 @@ static CUresult query_device(cuda_driver *c, char *msg, size_t msg_len)
     info->vmm_supported = vmm != 0;
     info->gdr_supported = gdr != 0;
     c->fd_handles = fd != 0;
+    c->fd_supported = fd != 0;
     CUresult cr = cu.device_get_count(&info->device_count);
     if (cr == CUDA_SUCCESS)
         cr = cu.device_total_mem(&info->total_bytes, c->dev);

@@ -18,8 +18,16 @@
  * points to its latest marker, waits hold a reference to the marker they wait for, so re-recording or
  * destroying an event never disturbs a wait already queued.
  *
+ * Capture. A stream may capture (vmm_sim_driver_capture_begin): work queued on it, and on streams
+ * that joined by waiting on one of its captured events, is kept in the capture's list instead of
+ * running; the list becomes a graph at the end, and a launch queues copies of its items on a stream,
+ * once per replay. The rules of driver.h ("Capture") are enforced: unsafe calls against the thread's
+ * mode (capture_gate), synchronizing what a capture holds (capture_sync_gate, stream_sync of a
+ * capturing stream), captured events queried or waited on across the capture boundary. Captures
+ * are per device; the thread's mode is per thread for every device, as in CUDA.
+ *
  * Locks. `mu` guards memory state, call counters and fault injection; `qmu` guards streams, queues,
- * markers and events. Neither is held while a host function, memset or memcpy runs, and waits on
+ * markers, events and captures. Neither is held while a host function, memset or memcpy runs, and waits on
  * `done_cv` release `qmu`. No path holds both locks at once, so there is no lock order to keep.
  */
 #include <errno.h>
@@ -269,6 +277,7 @@ typedef struct sim_phys {
     size_t charged;  /* capacity taken: size, 0 for an import (vmm_sim_driver_import_fd) */
     int fd;          /* memfd in backed mode, else -1 */
     bool released;   /* mem_release was called: the id is dead, memory lives while mapped */
+    bool exportable; /* created while pages were exportable (set_exportable): export_fd allowed */
     size_t n_mappings;
 } sim_phys;
 
@@ -305,9 +314,10 @@ typedef struct sim_marker {
 
 typedef struct sim_event {
     sim_marker *latest; /* marker of the latest record, NULL if never recorded */
+    uint64_t cap_id;    /* nonzero: last recorded in capture cap_id (a captured event) */
 } sim_event;
 
-enum sim_item_kind { ITEM_HOST, ITEM_MEMSET, ITEM_MEMCPY, ITEM_MARK, ITEM_WAIT };
+enum sim_item_kind { ITEM_HOST, ITEM_MEMSET, ITEM_MEMCPY, ITEM_MEMCPY_HTOD, ITEM_MARK, ITEM_WAIT };
 
 typedef struct sim_item {
     struct sim_item *next;
@@ -325,8 +335,26 @@ typedef struct sim_item {
 
 typedef struct sim_device sim_device;
 
+typedef struct sim_capture {
+    uint64_t id;            /* unique in the process, from 1 */
+    int mode;               /* VMM_CAPTURE_MODE_* it was begun in */
+    pthread_t owner;
+    struct sim_stream *origin;
+    bool invalidated;
+    sim_item *items, *tail; /* recorded work, in the order it was queued */
+    size_t n_items;
+    struct sim_capture *next;
+} sim_capture;
+
+/* A captured graph: item templates, copied onto a stream at each launch. */
+struct vmm_sim_graph {
+    sim_item *items;
+    size_t n_items;
+};
+
 typedef struct sim_stream {
     struct sim_stream *next;
+    sim_capture *cap;  /* capture this stream takes part in, or NULL */
     sim_device *dev;
     pthread_t thread;
     pthread_cond_t cv; /* work queued or stop asked */
@@ -357,6 +385,7 @@ struct sim_device {
     hmap classic;  /* ptr -> sim_classic */
     hmap host;     /* ptr -> sim_host (pinned host memory) */
     uint64_t next_handle;
+    bool exportable; /* handles created now can be exported (set_exportable; backed mode only) */
 
     pthread_mutex_t qmu;
     pthread_cond_t done_cv; /* some item completed */
@@ -364,7 +393,12 @@ struct sim_device {
     sim_stream *default_stream;
     hmap events;            /* pointer -> sim_event */
     uint64_t q_seq;
+    sim_capture *captures;  /* captures not ended yet */
+    _Atomic int n_captures; /* their number, read without qmu by the gates' fast path */
 };
+
+static int capture_gate(sim_device *d);
+static int capture_sync_gate(sim_device *d);
 
 static sim_device *dev_of(vmm_driver *drv) { return (sim_device *)drv; }
 
@@ -582,6 +616,9 @@ static int sim_device_info(vmm_driver *drv, vmm_device_info *out)
     out->recommended_granularity = d->opt.granularity;
     out->vmm_supported = d->opt.vmm_supported;
     out->ordinal = 0;
+    pthread_mutex_lock(&d->mu);
+    out->posix_fd_handles = d->exportable;
+    pthread_mutex_unlock(&d->mu);
     strcpy(out->name, "sim");
     return VMM_DRV_SUCCESS;
 }
@@ -648,8 +685,11 @@ static int va_reserve_locked(sim_device *d, size_t size, size_t alignment, uintp
 static int sim_va_reserve(vmm_driver *drv, size_t size, size_t alignment, uintptr_t *va)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_VA_RESERVE);
+    if (!r)
+        r = gate;
     if (!r)
         r = va_reserve_locked(d, size, alignment, va);
     call_end_locked(d, VMM_SIM_CALL_VA_RESERVE, r);
@@ -680,8 +720,11 @@ static int va_free_locked(sim_device *d, uintptr_t va, size_t size)
 static int sim_va_free(vmm_driver *drv, uintptr_t va, size_t size)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_VA_FREE);
+    if (!r)
+        r = gate;
     if (!r)
         r = va_free_locked(d, va, size);
     call_end_locked(d, VMM_SIM_CALL_VA_FREE, r);
@@ -716,6 +759,7 @@ static int mem_create_locked(sim_device *d, size_t size, vmm_phys *out)
     p->id = ++d->next_handle;
     p->size = size;
     p->charged = size;
+    p->exportable = d->exportable;
     hmap_put(&d->handles, p->id, p);
     live_add(d, LIVE_PHYS_BYTES, size);
     live_add(d, LIVE_HANDLES, 1);
@@ -726,8 +770,11 @@ static int mem_create_locked(sim_device *d, size_t size, vmm_phys *out)
 static int sim_mem_create(vmm_driver *drv, size_t size, vmm_phys *out)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_CREATE);
+    if (!r)
+        r = gate;
     if (!r)
         r = mem_create_locked(d, size, out);
     call_end_locked(d, VMM_SIM_CALL_MEM_CREATE, r);
@@ -766,8 +813,11 @@ static int mem_release_locked(sim_device *d, vmm_phys h)
 static int sim_mem_release(vmm_driver *drv, vmm_phys h)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_RELEASE);
+    if (!r)
+        r = gate;
     if (!r)
         r = mem_release_locked(d, h);
     call_end_locked(d, VMM_SIM_CALL_MEM_RELEASE, r);
@@ -815,8 +865,11 @@ static int mem_map_locked(sim_device *d, uintptr_t va, size_t size, size_t offse
 static int sim_mem_map(vmm_driver *drv, uintptr_t va, size_t size, size_t offset, vmm_phys h)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_MAP);
+    if (!r)
+        r = gate;
     if (!r)
         r = mem_map_locked(d, va, size, offset, h);
     call_end_locked(d, VMM_SIM_CALL_MEM_MAP, r);
@@ -862,8 +915,11 @@ static int mem_unmap_locked(sim_device *d, uintptr_t va, size_t size)
 static int sim_mem_unmap(vmm_driver *drv, uintptr_t va, size_t size)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_UNMAP);
+    if (!r)
+        r = gate;
     if (!r)
         r = mem_unmap_locked(d, va, size);
     call_end_locked(d, VMM_SIM_CALL_MEM_UNMAP, r);
@@ -903,8 +959,11 @@ static int set_access_locked(sim_device *d, uintptr_t va, size_t size)
 static int sim_set_access(vmm_driver *drv, uintptr_t va, size_t size)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_SET_ACCESS);
+    if (!r)
+        r = gate;
     if (!r)
         r = set_access_locked(d, va, size);
     call_end_locked(d, VMM_SIM_CALL_SET_ACCESS, r);
@@ -948,8 +1007,11 @@ static int mem_alloc_locked(sim_device *d, size_t size, uintptr_t *out)
 static int sim_mem_alloc(vmm_driver *drv, size_t size, uintptr_t *out)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_ALLOC);
+    if (!r)
+        r = gate;
     if (!r)
         r = mem_alloc_locked(d, size, out);
     call_end_locked(d, VMM_SIM_CALL_MEM_ALLOC, r);
@@ -965,8 +1027,14 @@ static void device_sync_wait(sim_device *d);
 static int sim_mem_free(vmm_driver *drv, uintptr_t ptr)
 {
     sim_device *d = dev_of(drv);
+    /* unsafe, and it synchronizes the device: never while a capture goes on */
+    int gate = capture_gate(d);
+    if (!gate)
+        gate = capture_sync_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_FREE);
+    if (!r)
+        r = gate;
     sim_classic *c = NULL;
     if (!r) {
         c = hmap_del(&d->classic, ptr);
@@ -1019,8 +1087,11 @@ static int host_alloc_locked(sim_device *d, size_t size, void **out)
 static int sim_host_alloc(vmm_driver *drv, size_t size, void **out)
 {
     sim_device *d = dev_of(drv);
+    int gate = capture_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_HOST_ALLOC);
+    if (!r)
+        r = gate;
     if (!r)
         r = host_alloc_locked(d, size, out);
     call_end_locked(d, VMM_SIM_CALL_HOST_ALLOC, r);
@@ -1032,8 +1103,14 @@ static int sim_host_alloc(vmm_driver *drv, size_t size, void **out)
 static int sim_host_free(vmm_driver *drv, void *ptr)
 {
     sim_device *d = dev_of(drv);
+    /* unsafe, and it synchronizes the device: never while a capture goes on */
+    int gate = capture_gate(d);
+    if (!gate)
+        gate = capture_sync_gate(d);
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_HOST_FREE);
+    if (!r)
+        r = gate;
     sim_host *h = NULL;
     if (!r) {
         h = ptr ? hmap_del(&d->host, (uint64_t)(uintptr_t)ptr) : NULL;
@@ -1061,6 +1138,10 @@ static int sim_lookup_mapping(vmm_driver *drv, uintptr_t va, vmm_phys *out)
         return VMM_DRV_NOT_SUPPORTED;
     if (!out)
         return VMM_DRV_INVALID_VALUE;
+    /* cuMemRetainAllocationHandle + cuMemRelease on CUDA: unsafe calls */
+    int gate = capture_gate(d);
+    if (gate)
+        return gate;
     pthread_mutex_lock(&d->mu);
     sim_mapping *m = mapping_at(d, va);
     *out = m ? m->phys->id : 0;
@@ -1092,6 +1173,10 @@ static void item_run(sim_device *d, sim_item *it)
     case ITEM_MEMCPY:
         if (it->backed && it->n)
             memcpy(it->dst, (const void *)it->va, it->n);
+        break;
+    case ITEM_MEMCPY_HTOD:
+        if (it->backed && it->n)
+            memcpy((void *)it->va, it->dst, it->n);
         break;
     case ITEM_MARK:
         break;
@@ -1237,6 +1322,11 @@ static int sim_stream_destroy(vmm_driver *drv, void *sp)
     sim_stream *s = sp ? stream_find(d, sp) : NULL;
     if (s == d->default_stream)
         s = NULL;
+    if (s && s->cap) {
+        /* its capture could never end: refused (CUDA leaves it undefined) */
+        pthread_mutex_unlock(&d->qmu);
+        return call_end(d, VMM_SIM_CALL_STREAM_DESTROY, VMM_DRV_STREAM_CAPTURE_UNSUPPORTED);
+    }
     if (s) {
         sim_stream **pp = &d->streams;
         while (*pp != s)
@@ -1257,11 +1347,19 @@ static int sim_stream_sync(vmm_driver *drv, void *sp)
     int r = call_begin(d, VMM_SIM_CALL_STREAM_SYNC);
     if (r)
         return r;
+    if ((r = capture_gate(d)) != 0)
+        return call_end(d, VMM_SIM_CALL_STREAM_SYNC, r);
     pthread_mutex_lock(&d->qmu);
     sim_stream *s = stream_find(d, sp);
     if (!s) {
         pthread_mutex_unlock(&d->qmu);
         return call_end(d, VMM_SIM_CALL_STREAM_SYNC, VMM_DRV_INVALID_HANDLE);
+    }
+    if (s->cap) {
+        /* its work is a graph's now: it never completes; the capture is invalidated */
+        s->cap->invalidated = true;
+        pthread_mutex_unlock(&d->qmu);
+        return call_end(d, VMM_SIM_CALL_STREAM_SYNC, VMM_DRV_STREAM_CAPTURE_UNSUPPORTED);
     }
     uint64_t t = d->q_seq;
     /* A stream destroyed meanwhile by another thread was drained: nothing left to wait for. */
@@ -1280,6 +1378,8 @@ static int sim_device_sync(vmm_driver *drv)
     int r = call_begin(d, VMM_SIM_CALL_DEVICE_SYNC);
     if (r)
         return r;
+    if ((r = capture_gate(d)) != 0 || (r = capture_sync_gate(d)) != 0)
+        return call_end(d, VMM_SIM_CALL_DEVICE_SYNC, r);
     device_sync_wait(d);
     pthread_mutex_lock(&d->mu);
     d->device_syncs++;
@@ -1287,17 +1387,38 @@ static int sim_device_sync(vmm_driver *drv)
     return VMM_DRV_SUCCESS;
 }
 
-/* Queue one item on stream sp (validated under qmu). Takes ownership of it either way. */
+/* qmu held: keep item it in capture c (a graph node) instead of running it. */
+static int capture_push(sim_capture *c, sim_item *it)
+{
+    if (c->invalidated) {
+        free(it);
+        return VMM_DRV_STREAM_CAPTURE_INVALIDATED;
+    }
+    it->next = NULL;
+    if (c->tail)
+        c->tail->next = it;
+    else
+        c->items = it;
+    c->tail = it;
+    c->n_items++;
+    return VMM_DRV_SUCCESS;
+}
+
+/* Queue one item on stream sp (validated under qmu), or keep it in the stream's capture. Takes
+ * ownership of it either way. */
 static int enqueue(sim_device *d, void *sp, sim_item *it)
 {
+    int r = VMM_DRV_SUCCESS;
     pthread_mutex_lock(&d->qmu);
     sim_stream *s = stream_find(d, sp);
-    if (s)
+    if (s && s->cap)
+        r = capture_push(s->cap, it);
+    else if (s)
         stream_push(d, s, it);
     pthread_mutex_unlock(&d->qmu);
     if (!s)
         free(it);
-    return s ? VMM_DRV_SUCCESS : VMM_DRV_INVALID_HANDLE;
+    return s ? r : VMM_DRV_INVALID_HANDLE;
 }
 
 static int sim_launch_host(vmm_driver *drv, void *sp, void (*fn)(void *), void *arg)
@@ -1355,6 +1476,299 @@ static int sim_memcpy_dtoh(vmm_driver *drv, void *dst, uintptr_t va, size_t n, v
     *it = (sim_item){.kind = ITEM_MEMCPY, .va = va, .dst = dst, .n = n, .backed = d->opt.backed};
     return call_end(d, VMM_SIM_CALL_MEMCPY, enqueue(d, sp, it));
 }
+
+/* cuMemcpyHtoDAsync: counted as a memcpy call (one kind for both directions). */
+static int sim_memcpy_htod(vmm_driver *drv, uintptr_t va, const void *src, size_t n, void *sp)
+{
+    sim_device *d = dev_of(drv);
+    pthread_mutex_lock(&d->mu);
+    int r = call_begin_locked(d, VMM_SIM_CALL_MEMCPY);
+    if (!r && ((!src && n) || !bytes_addressable(d, va, n)))
+        r = VMM_DRV_INVALID_VALUE;
+    call_end_locked(d, VMM_SIM_CALL_MEMCPY, r);
+    pthread_mutex_unlock(&d->mu);
+    if (r)
+        return r;
+    sim_item *it = calloc(1, sizeof *it);
+    if (!it)
+        return call_end(d, VMM_SIM_CALL_MEMCPY, VMM_DRV_OUT_OF_MEMORY);
+    *it = (sim_item){.kind = ITEM_MEMCPY_HTOD, .va = va, .dst = (void *)(uintptr_t)src, .n = n,
+                     .backed = d->opt.backed};
+    return call_end(d, VMM_SIM_CALL_MEMCPY, enqueue(d, sp, it));
+}
+
+/* ---- capture ------------------------------------------------------------------------------------ */
+
+/* The calling thread's capture interaction mode, for every simulated device (CUDA's is per thread). */
+static _Thread_local int sim_thread_mode = VMM_CAPTURE_MODE_GLOBAL;
+static _Atomic uint64_t g_capture_ids;
+
+/* qmu held: the capture with that id, or NULL once it ended. */
+static sim_capture *capture_find(sim_device *d, uint64_t id)
+{
+    for (sim_capture *c = d->captures; c; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+/* A "potentially unsafe" call (driver.h, Capture) made now by this thread: refused, invalidating the
+ * captures whose mode forbids it (cuda.h, cuThreadExchangeStreamCaptureMode), or 0. */
+static int capture_gate(sim_device *d)
+{
+    if (atomic_load_explicit(&d->n_captures, memory_order_acquire) == 0 ||
+        sim_thread_mode == VMM_CAPTURE_MODE_RELAXED)
+        return 0;
+    int r = 0;
+    pthread_t self = pthread_self();
+    pthread_mutex_lock(&d->qmu);
+    for (sim_capture *c = d->captures; c; c = c->next) {
+        if (c->mode == VMM_CAPTURE_MODE_RELAXED)
+            continue;
+        bool mine = pthread_equal(c->owner, self) != 0;
+        bool global = sim_thread_mode == VMM_CAPTURE_MODE_GLOBAL && c->mode == VMM_CAPTURE_MODE_GLOBAL;
+        if (mine || global) {
+            c->invalidated = true;
+            r = VMM_DRV_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    pthread_mutex_unlock(&d->qmu);
+    return r;
+}
+
+/* A call that synchronizes the whole device (device_sync, mem_free, host_free) while work is being
+ * captured would wait for what never runs: refused in every mode, every capture invalidated. */
+static int capture_sync_gate(sim_device *d)
+{
+    if (atomic_load_explicit(&d->n_captures, memory_order_acquire) == 0)
+        return 0;
+    int r = 0;
+    pthread_mutex_lock(&d->qmu);
+    for (sim_capture *c = d->captures; c; c = c->next) {
+        c->invalidated = true;
+        r = VMM_DRV_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    pthread_mutex_unlock(&d->qmu);
+    return r;
+}
+
+/* qmu held: query or sync of an event last recorded in a capture (cuda.h, CUDA_ERROR_CAPTURED_EVENT:
+ * "the operation is not permitted on an event which was last recorded in a capturing stream"); the
+ * capture, if it goes on, is invalidated. */
+static int captured_event_locked(sim_device *d, sim_event *e)
+{
+    sim_capture *c = capture_find(d, e->cap_id);
+    if (c)
+        c->invalidated = true;
+    return VMM_DRV_CAPTURED_EVENT;
+}
+
+/* qmu held: stream s waits on event e, one of them in a capture. */
+static int capture_wait_locked(sim_device *d, sim_stream *s, sim_event *e)
+{
+    sim_capture *ec = e->cap_id ? capture_find(d, e->cap_id) : NULL;
+    if (s->cap) {
+        if (s->cap->invalidated)
+            return VMM_DRV_STREAM_CAPTURE_INVALIDATED;
+        if (ec == s->cap)
+            return VMM_DRV_SUCCESS; /* within the capture: its list is already in that order */
+        s->cap->invalidated = true;
+        if (ec) {
+            ec->invalidated = true;
+            return VMM_DRV_STREAM_CAPTURE_MERGE;
+        }
+        /* an event recorded outside the capture (or in one that ended) */
+        return e->cap_id ? VMM_DRV_CAPTURED_EVENT : VMM_DRV_STREAM_CAPTURE_ISOLATION;
+    }
+    if (!ec)
+        return VMM_DRV_CAPTURED_EVENT; /* its capture ended: it stands for nodes of a graph */
+    if (ec->invalidated)
+        return VMM_DRV_STREAM_CAPTURE_INVALIDATED;
+    /* a fork: s joins the capture, its later work is recorded after what the event covers */
+    s->cap = ec;
+    return VMM_DRV_SUCCESS;
+}
+
+static int sim_stream_capture_info(vmm_driver *drv, void *sp, int *capturing, uint64_t *id)
+{
+    sim_device *d = dev_of(drv);
+    if (!capturing || !id)
+        return VMM_DRV_INVALID_VALUE;
+    pthread_mutex_lock(&d->qmu);
+    sim_stream *s = stream_find(d, sp);
+    *capturing = s && s->cap;
+    *id = s && s->cap && !s->cap->invalidated ? s->cap->id : 0;
+    pthread_mutex_unlock(&d->qmu);
+    return s ? VMM_DRV_SUCCESS : VMM_DRV_INVALID_HANDLE;
+}
+
+static int sim_capture_mode_exchange(vmm_driver *drv, int *mode)
+{
+    (void)drv;
+    if (!mode || *mode < VMM_CAPTURE_MODE_GLOBAL || *mode > VMM_CAPTURE_MODE_RELAXED)
+        return VMM_DRV_INVALID_VALUE;
+    int prev = sim_thread_mode;
+    sim_thread_mode = *mode;
+    *mode = prev;
+    return VMM_DRV_SUCCESS;
+}
+
+int vmm_sim_driver_capture_begin(vmm_driver *drv, void *sp, int mode)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (mode < VMM_CAPTURE_MODE_GLOBAL || mode > VMM_CAPTURE_MODE_RELAXED)
+        return VMM_DRV_INVALID_VALUE;
+    sim_device *d = dev_of(drv);
+    sim_capture *c = calloc(1, sizeof *c);
+    if (!c)
+        return VMM_DRV_OUT_OF_MEMORY;
+    int r = VMM_DRV_SUCCESS;
+    pthread_mutex_lock(&d->qmu);
+    sim_stream *s = stream_find(d, sp);
+    if (!s)
+        r = VMM_DRV_INVALID_HANDLE;
+    else if (s == d->default_stream)
+        r = VMM_DRV_STREAM_CAPTURE_UNSUPPORTED; /* "Capture may not be initiated if stream is
+                                                 * CU_STREAM_LEGACY" */
+    else if (s->cap)
+        r = VMM_DRV_INVALID_VALUE;
+    if (!r) {
+        c->id = atomic_fetch_add(&g_capture_ids, 1) + 1;
+        c->mode = mode;
+        c->owner = pthread_self();
+        c->origin = s;
+        c->next = d->captures;
+        d->captures = c;
+        s->cap = c;
+        atomic_fetch_add_explicit(&d->n_captures, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&d->qmu);
+    if (r)
+        free(c);
+    return r;
+}
+
+static void items_free(sim_item *it)
+{
+    while (it) {
+        sim_item *next = it->next;
+        free(it);
+        it = next;
+    }
+}
+
+int vmm_sim_driver_capture_end(vmm_driver *drv, void *sp, vmm_sim_graph **graph)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (!graph)
+        return VMM_DRV_INVALID_VALUE;
+    *graph = NULL;
+    sim_device *d = dev_of(drv);
+    vmm_sim_graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return VMM_DRV_OUT_OF_MEMORY;
+    int r = VMM_DRV_SUCCESS;
+    pthread_mutex_lock(&d->qmu);
+    sim_stream *s = stream_find(d, sp);
+    sim_capture *c = s ? s->cap : NULL;
+    if (!s)
+        r = VMM_DRV_INVALID_HANDLE;
+    else if (!c)
+        r = VMM_DRV_INVALID_VALUE;
+    else if (c->origin != s)
+        r = VMM_DRV_STREAM_CAPTURE_UNMATCHED;
+    else if (c->mode != VMM_CAPTURE_MODE_RELAXED && !pthread_equal(c->owner, pthread_self()))
+        r = VMM_DRV_STREAM_CAPTURE_WRONG_THREAD;
+    if (r && c)
+        c->invalidated = true;
+    if (!r) {
+        for (sim_stream *m = d->streams; m; m = m->next)
+            if (m->cap == c)
+                m->cap = NULL;
+        for (sim_capture **pp = &d->captures; *pp; pp = &(*pp)->next)
+            if (*pp == c) {
+                *pp = c->next;
+                break;
+            }
+        atomic_fetch_sub_explicit(&d->n_captures, 1, memory_order_release);
+        if (c->invalidated) {
+            r = VMM_DRV_STREAM_CAPTURE_INVALIDATED;
+        } else {
+            g->items = c->items;
+            g->n_items = c->n_items;
+            c->items = NULL;
+        }
+    }
+    pthread_mutex_unlock(&d->qmu);
+    if (!r) {
+        *graph = g;
+    } else {
+        free(g);
+    }
+    if (c && (!r || r == VMM_DRV_STREAM_CAPTURE_INVALIDATED)) {
+        items_free(c->items);
+        free(c);
+    }
+    return r;
+}
+
+int vmm_sim_driver_graph_launch(vmm_driver *drv, vmm_sim_graph *g, void *sp)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (!g)
+        return VMM_DRV_INVALID_VALUE;
+    sim_device *d = dev_of(drv);
+    /* The graph's memory must still be there: a replay touches every address it was captured with. */
+    int r = VMM_DRV_SUCCESS;
+    pthread_mutex_lock(&d->mu);
+    for (const sim_item *it = g->items; it && !r; it = it->next)
+        if ((it->kind == ITEM_MEMSET && !bytes_addressable(d, it->va, it->n * 4)) ||
+            (it->kind == ITEM_MEMCPY && !bytes_addressable(d, it->va, it->n)))
+            r = VMM_DRV_INVALID_VALUE;
+    pthread_mutex_unlock(&d->mu);
+    if (r)
+        return r;
+    sim_item *head = NULL, **link = &head;
+    for (const sim_item *it = g->items; it; it = it->next) {
+        sim_item *n = malloc(sizeof *n);
+        if (!n) {
+            items_free(head);
+            return VMM_DRV_OUT_OF_MEMORY;
+        }
+        *n = *it;
+        n->next = NULL;
+        n->marker = NULL;
+        *link = n;
+        link = &n->next;
+    }
+    pthread_mutex_lock(&d->qmu);
+    sim_stream *s = stream_find(d, sp);
+    if (!s || s->cap) {
+        r = s ? VMM_DRV_INVALID_VALUE : VMM_DRV_INVALID_HANDLE;
+    } else {
+        while (head) {
+            sim_item *next = head->next;
+            stream_push(d, s, head);
+            head = next;
+        }
+    }
+    pthread_mutex_unlock(&d->qmu);
+    items_free(head);
+    return r;
+}
+
+void vmm_sim_driver_graph_destroy(vmm_sim_graph *g)
+{
+    if (!g)
+        return;
+    items_free(g->items);
+    free(g);
+}
+
+size_t vmm_sim_driver_graph_nodes(const vmm_sim_graph *g) { return g ? g->n_items : 0; }
 
 /* ---- events ------------------------------------------------------------------------------------- */
 
@@ -1420,6 +1834,18 @@ static int sim_event_record(vmm_driver *drv, vmm_event ev, void *sp)
     pthread_mutex_lock(&d->qmu);
     sim_event *e = ev ? event_find(d, ev) : NULL;
     sim_stream *s = stream_find(d, sp);
+    if (e && s && s->cap) {
+        /* a captured event: it stands for graph nodes, not for work that runs */
+        int cr = s->cap->invalidated ? VMM_DRV_STREAM_CAPTURE_INVALIDATED : VMM_DRV_SUCCESS;
+        if (!cr)
+            e->cap_id = s->cap->id;
+        pthread_mutex_unlock(&d->qmu);
+        free(it);
+        free(m);
+        return call_end(d, VMM_SIM_CALL_EVENT_RECORD, cr);
+    }
+    if (e)
+        e->cap_id = 0;
     bool idle = s && !s->head;
     if (e && s) {
         /* On an idle stream the marker is complete at once, as on a GPU with nothing queued (and
@@ -1450,10 +1876,14 @@ static int sim_event_query(vmm_driver *drv, vmm_event ev)
     int r = call_begin(d, VMM_SIM_CALL_EVENT_QUERY);
     if (r)
         return r;
+    if ((r = capture_gate(d)) != 0)
+        return call_end(d, VMM_SIM_CALL_EVENT_QUERY, r);
     pthread_mutex_lock(&d->qmu);
     sim_event *e = ev ? event_find(d, ev) : NULL;
     if (!e)
         r = VMM_DRV_INVALID_HANDLE;
+    else if (e->cap_id)
+        r = captured_event_locked(d, e);
     else if (e->latest && !e->latest->done)
         r = VMM_DRV_NOT_READY;
     pthread_mutex_unlock(&d->qmu);
@@ -1466,8 +1896,15 @@ static int sim_event_sync(vmm_driver *drv, vmm_event ev)
     int r = call_begin(d, VMM_SIM_CALL_EVENT_SYNC);
     if (r)
         return r;
+    if ((r = capture_gate(d)) != 0)
+        return call_end(d, VMM_SIM_CALL_EVENT_SYNC, r);
     pthread_mutex_lock(&d->qmu);
     sim_event *e = ev ? event_find(d, ev) : NULL;
+    if (e && e->cap_id) {
+        r = captured_event_locked(d, e);
+        pthread_mutex_unlock(&d->qmu);
+        return call_end(d, VMM_SIM_CALL_EVENT_SYNC, r);
+    }
     sim_marker *m = e ? e->latest : NULL;
     if (m) {
         /* hold the marker: the event may be re-recorded or destroyed while we wait */
@@ -1501,6 +1938,8 @@ static int sim_stream_wait_event(vmm_driver *drv, void *sp, vmm_event ev)
     bool queued = false;
     if (!e || !s) {
         r = VMM_DRV_INVALID_HANDLE;
+    } else if (s->cap || e->cap_id) {
+        r = capture_wait_locked(d, s, e);
     } else if (e->latest && !e->latest->done) {
         e->latest->refs++;
         it->kind = ITEM_WAIT;
@@ -1589,6 +2028,46 @@ int vmm_sim_driver_import_fd(vmm_driver *drv, int fd, vmm_phys *out)
     return r;
 }
 
+/* The same as driver ops (set_exportable / export_fd / import_fd), for the allocator's IPC. Every
+ * handle of a backed sim is a memfd; set_exportable only decides which handles export_fd accepts,
+ * as CUDA accepts only handles created with an exportable handle type. */
+static int sim_set_exportable(vmm_driver *drv, int on)
+{
+    sim_device *d = dev_of(drv);
+    if (on && (!d->opt.vmm_supported || !d->opt.backed))
+        return VMM_DRV_NOT_SUPPORTED;
+    pthread_mutex_lock(&d->mu);
+    d->exportable = on != 0;
+    pthread_mutex_unlock(&d->mu);
+    return VMM_DRV_SUCCESS;
+}
+
+static int sim_export_fd(vmm_driver *drv, vmm_phys h, int *fd)
+{
+    sim_device *d = dev_of(drv);
+    pthread_mutex_lock(&d->mu);
+    sim_phys *p = hmap_get(&d->handles, h);
+    bool ok = p && p->exportable;
+    pthread_mutex_unlock(&d->mu);
+    if (p && !ok)
+        return VMM_DRV_INVALID_VALUE; /* as cuMemExportToShareableHandle on a handle type NONE */
+    return vmm_sim_driver_export_fd(drv, h, fd);
+}
+
+static int sim_import_fd(vmm_driver *drv, int fd, vmm_phys *out)
+{
+    int r = vmm_sim_driver_import_fd(drv, fd, out);
+    if (r == VMM_DRV_SUCCESS) {
+        sim_device *d = dev_of(drv);
+        pthread_mutex_lock(&d->mu);
+        sim_phys *p = hmap_get(&d->handles, *out);
+        if (p)
+            p->exportable = true; /* an imported memfd can be passed on again */
+        pthread_mutex_unlock(&d->mu);
+    }
+    return r;
+}
+
 /* ---- counters, fault injection control ---------------------------------------------------------- */
 
 int vmm_sim_driver_counters(vmm_driver *drv, vmm_sim_counters *out)
@@ -1662,11 +2141,17 @@ static void sim_close(vmm_driver *drv)
     if (!drv)
         return;
     sim_device *d = dev_of(drv);
-    /* Streams first: their queued work may still touch memory. */
+    /* Streams first: their queued work may still touch memory. Captures never ended go with them. */
     pthread_mutex_lock(&d->qmu);
     sim_stream *list = d->streams;
     d->streams = NULL;
     d->default_stream = NULL;
+    while (d->captures) {
+        sim_capture *c = d->captures;
+        d->captures = c->next;
+        items_free(c->items);
+        free(c);
+    }
     pthread_mutex_unlock(&d->qmu);
     while (list) {
         sim_stream *next = list->next;
@@ -1757,9 +2242,15 @@ static const vmm_driver_ops sim_ops = {
     .event_sync = sim_event_sync,
     .event_destroy = sim_event_destroy,
     .stream_wait_event = sim_stream_wait_event,
+    .stream_capture_info = sim_stream_capture_info,
+    .capture_mode_exchange = sim_capture_mode_exchange,
     .launch_host = sim_launch_host,
     .memset32 = sim_memset32,
     .memcpy_dtoh = sim_memcpy_dtoh,
+    .memcpy_htod = sim_memcpy_htod,
+    .set_exportable = sim_set_exportable,
+    .export_fd = sim_export_fd,
+    .import_fd = sim_import_fd,
     .lookup_mapping = sim_lookup_mapping,
     .host_alloc = sim_host_alloc,
     .host_free = sim_host_free,
@@ -1807,6 +2298,7 @@ int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out)
     d->base.ops = &sim_ops;
     d->base.is_sim = 1;
     d->opt = *o;
+    d->exportable = o->backed && o->vmm_supported; /* every backed handle is a memfd */
     while (((size_t)1 << d->gran_shift) < o->granularity)
         d->gran_shift++;
     pthread_mutex_init(&d->mu, NULL);

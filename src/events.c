@@ -10,12 +10,13 @@
 vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s)
 {
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
-        if (r->stream == s)
+        if (r->stream == s && r->tag == 0) /* tagged memory has records of its own (sleep.c) */
             return r;
     vmm_stream_rec *r = vmm_meta_alloc(a->meta, sizeof *r);
     if (!r)
         return NULL;
     r->stream = s;
+    r->key = s;
     r->next = a->streams;
     a->streams = r;
     return r;
@@ -107,6 +108,16 @@ static void slots_record(vmm_allocator *a, vmm_block *b)
 {
     vmm_block_ext *x = b->ext;
     for (uint32_t i = x->n_events; i < b->n_uses; i++) {
+        /* capture (capture.c): nothing is recorded on a capturing stream, nor while captures are
+         * routed; a use made by a capture that has ended needs no event (slot_drop moves the last
+         * slot into i: i is looked at again, the unsigned wrap at 0 is undone by i++) */
+        int use = vmm_capture_use_check(a, b, x->uses[i]);
+        if (use == VMM_USE_DROP) {
+            slot_drop(a, b, i--);
+            continue;
+        }
+        if (use == VMM_USE_WAIT)
+            continue;
         if (!x->events[i] && !(x->events[i] = vmm_event_for_use(a, x->uses[i])))
             continue;
         if (a->drv->ops->event_record(a->drv, x->events[i], x->uses[i]) != VMM_DRV_SUCCESS)
@@ -176,6 +187,9 @@ static int block_events_done(vmm_allocator *a, vmm_block *b, int wait)
     }
     if (wait) {
         for (uint32_t i = b->n_uses; i-- > x->n_events;) {
+            /* a capturing stream cannot be synchronized: its slot waits for the capture's end */
+            if (vmm_capture_stream(a, x->uses[i], NULL))
+                continue;
             /* no event could be recorded for this use: wait for its whole stream instead */
             a->stats.num_event_waits++;
             if (a->drv->ops->stream_sync(a->drv, x->uses[i]) == VMM_DRV_SUCCESS)
@@ -193,6 +207,9 @@ static size_t deferred_scan(vmm_allocator *a, int wait)
         vmm_block *next = b->dnext;
         if (block_events_done(a, b, wait)) {
             deferred_unlink(a, b);
+            b->requested = 0; /* kept while pending: snapshots show what waits */
+            if (VMM_UNLIKELY(a->capture != NULL))
+                vmm_capture_forget_block(a, b);
             vmm_pool_release(a, b);
             n++;
         }
@@ -232,6 +249,9 @@ void vmm_fences_poll(vmm_allocator *a)
 
 void vmm_fences_record(vmm_allocator *a)
 {
+    /* captures underway (capture.c): a fence on a capturing stream would be a graph node */
+    if (a->n_routes)
+        return;
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
         uint64_t covered = r->fences_tail ? r->fences_tail->seq : r->done_seq;
         if (r->seq <= covered)
@@ -240,6 +260,8 @@ void vmm_fences_record(vmm_allocator *a)
             r->done_seq = r->seq; /* destroyed: its work has run */
             continue;
         }
+        if (vmm_capture_stream(a, r->stream, NULL))
+            continue;
         vmm_fence *f = vmm_meta_alloc(a->meta, sizeof *f);
         if (!f)
             return;
@@ -290,6 +312,7 @@ void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s)
 {
     /* a record even for a stream never allocated on, so that record_stream can refuse it */
     (void)vmm_stream_rec_get(a, s);
+    vmm_capture_forget_stream(a, s);
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
         if (r->stream != s)
             continue;
@@ -336,6 +359,9 @@ void vmm_events_shutdown(vmm_allocator *a)
         while (b->n_uses)
             slot_drop(a, b, b->n_uses - 1);
         deferred_unlink(a, b);
+        b->requested = 0;
+        if (a->capture)
+            vmm_capture_forget_block(a, b);
         vmm_pool_release(a, b);
     }
     /* live blocks hold the events prepared for their uses: every event goes back to be destroyed */

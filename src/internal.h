@@ -50,6 +50,7 @@ typedef struct vmm_config {
     int device;
     int peer_all;                        /* peer_access:all (default): every peer the driver allows */
     uint64_t peer_mask;                  /* peer_access:[..]: bit i grants device i */
+    int ipc;                             /* pages exportable (ipc.c): 1 true, 0 false, -1 auto */
     int expandable_segments;             /* default 1 */
     size_t max_split_size;               /* bytes; SIZE_MAX = unlimited (default) */
     size_t max_non_split_rounding;       /* bytes; default 20 MiB */
@@ -105,6 +106,8 @@ typedef enum vmm_block_state {
     VMM_BLOCK_UNMAPPED = 1,  /* page aligned VA with no physical pages, in the unmapped index */
     VMM_BLOCK_ALLOCATED = 2, /* handed out, in the live table */
     VMM_BLOCK_PENDING = 3,   /* freed, waiting for events of other streams (deferred list) */
+    VMM_BLOCK_DETACHING = 4, /* whole idle pages on their way out: still mapped, in no index, on
+                              * the callbacks' detach list until before_unmap has run (callbacks.c) */
 } vmm_block_state;
 
 typedef struct vmm_block vmm_block;
@@ -159,6 +162,8 @@ struct vmm_segment {
     uintptr_t base;            /* VA reservation (expandable) or mem_alloc pointer (classic) */
     size_t size;
     vmm_stream stream;
+    vmm_stream key;            /* lane of its blocks in the free indexes: the stream, or for tagged
+                                * memory its lane's key (sleep.c); equal to srec->key */
     vmm_stream_rec *srec;
     int pool;                  /* VMM_SMALL / VMM_LARGE */
     int expandable;
@@ -168,7 +173,30 @@ struct vmm_segment {
     size_t mapped_pages;
     vmm_block *first;          /* lowest block */
     vmm_segment *prev, *next;  /* allocator's segment list */
+    struct vmm_mempool *mp;    /* private pool owning it (mempool.c); NULL: the default pools */
+    int asleep;                /* sleep.c: 1 frozen for sleep (FREE blocks out of the index), 2
+                                * asleep (no page mapped); 0 awake */
 };
+
+/* A private pool (mempool.c): PyTorch's PrivatePool. Its segments' free and unmapped blocks live
+ * in its own indexes, so only allocations routed to it (vmm_pool_begin) reuse them; its pages are
+ * never unmapped while it is in use. */
+typedef struct vmm_mempool {
+    uint64_t id[2];                    /* MempoolId_t; (0, 0) is the default pools and never here */
+    int64_t use_count;                 /* users (graphs, vmm_pool_retain); 0: released */
+    int routed;                        /* a vmm_pool_begin route to it is in force */
+    int freeable;                      /* released while captures were routed: dissolved later */
+    uint64_t n_mallocs;                /* allocations served */
+    vmm_block *free_tree[VMM_NPOOLS];  /* its FREE blocks, as vmm_allocator.free_tree */
+    vmm_block *unmapped_tree[VMM_NPOOLS];
+    struct vmm_mempool *next;
+} vmm_mempool;
+
+/* The index roots of a segment's blocks: its private pool's, or the allocator's. */
+#define VMM_FREE_ROOT(a, seg)                                                                  \
+    ((seg)->mp ? &(seg)->mp->free_tree[(seg)->pool] : &(a)->free_tree[(seg)->pool])
+#define VMM_UNMAPPED_ROOT(a, seg)                                                              \
+    ((seg)->mp ? &(seg)->mp->unmapped_tree[(seg)->pool] : &(a)->unmapped_tree[(seg)->pool])
 
 typedef struct vmm_fence {
     vmm_event ev;
@@ -178,6 +206,9 @@ typedef struct vmm_fence {
 
 struct vmm_stream_rec {
     vmm_stream stream;
+    vmm_stream key;            /* lane key of its segments: the stream for tag 0, else the record's
+                                * address | 1 (never a stream pointer) */
+    int tag;                   /* tag of the allocations it serves (sleep.c); 0: untagged */
     uint64_t seq;              /* frees stamped on this stream so far */
     uint64_t done_seq;         /* highest sequence number proven complete by a fence */
     vmm_fence *fences, *fences_tail; /* outstanding fences, oldest first */
@@ -239,7 +270,22 @@ struct vmm_allocator {
     vmm_stat pending_bytes[VMM_NPOOLS]; /* pending, so the hot path leaves active to be derived */
     struct vmm_pinned *pinned;         /* pinned host memory cache (pinned.c), made on first use */
     struct vmm_history *history;       /* event ring (history.c); NULL while not recording */
+    struct vmm_sleep *sleep;           /* tags and sleeping blocks (sleep.c); NULL until a tag is used */
+    struct vmm_ipc *ipc;               /* exports and imports (ipc.c); NULL until first used */
+    struct vmm_cb *cb;                 /* free-memory and mapping callbacks (callbacks.c) */
+    int cb_free_n;                     /* free-memory callbacks registered */
+    int cb_mapping;                    /* mapping callbacks set */
+    int cur_tag;                       /* tag of allocations made now (vmm_set_tag); 0: untagged */
+    int tag_path;                      /* malloc goes through vmm_lane_get: cur_tag set, or untagged
+                                        * memory sleeps */
+    int mixed_lanes;                   /* classic mode holds tagged (VMM) segments too */
     uint64_t t0_ns;                    /* monotonic clock at vmm_create (trace times count from it) */
+    vmm_mempool *mempools;             /* private pools (mempool.c) */
+    vmm_mempool *cur_mp;               /* private pool of the malloc in progress (set and cleared
+                                        * by malloc_locked): segments made now are its */
+    struct vmm_route *routes;          /* vmm_pool_begin routes in force, oldest first */
+    size_t n_routes, cap_routes;       /* n_routes != 0: captures underway (malloc routes, defers) */
+    struct vmm_capture *capture;       /* capture.c: uses recorded on capturing streams */
 };
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
@@ -345,12 +391,18 @@ vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b);
  * which lets a split leave the remainder in *b's index slot; *b is then a new record (the
  * allocated one). */
 int vmm_pool_take(vmm_allocator *a, vmm_block **b, size_t size, size_t requested, int fitted);
-/* malloc's cached path in one call: round `size`, best fit, take. *out NULL (VMM_OK) when no cached
- * block fits; *rounded and *pool are set either way for the slow path. */
-int vmm_pool_malloc_cached(vmm_allocator *a, size_t size, vmm_stream s, vmm_block **out,
-                           size_t *rounded, int *pool);
+/* malloc's cached path in one call: round `size`, best fit (in private pool mp's free blocks, or
+ * the default pools' when mp is NULL), take. *out NULL (VMM_OK) when no cached block fits;
+ * *rounded and *pool are set either way for the slow path. */
+int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, size_t size, vmm_stream s,
+                           vmm_block **out, size_t *rounded, int *pool);
 /* Return an allocated / pending block to its pool (merge, index, stats). */
-void vmm_pool_release(vmm_allocator *a, vmm_block *b);
+void vmm_pool_release_block(vmm_allocator *a, vmm_block *b);
+/* vmm_pool_release is also the public release of a private pool (vmmalloc.h, three arguments:
+ * mempool.c). Inside the library a call with two arguments (allocator, block) is the block's. */
+#define VMM_POOL_RELEASE_PICK_(x1, x2, x3, name, ...) name
+#define vmm_pool_release(...)                                                                  \
+    VMM_POOL_RELEASE_PICK_(__VA_ARGS__, vmm_pool_release, vmm_pool_release_block, _)(__VA_ARGS__)
 /* Live table. */
 int vmm_live_insert(vmm_allocator *a, vmm_block *b);
 vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr);
@@ -426,6 +478,16 @@ int vmm_seg_peers_init(vmm_allocator *a);
 size_t vmm_handles_bytes(const vmm_allocator *a, int pool);
 /* Quarantine entry (see vmm_quarantined) covering va, NULL when none (vmm_check). */
 const vmm_quarantined *vmm_quarantine_find(const vmm_allocator *a, uintptr_t va);
+/* Map pages [p0, p0 + n) of expandable segment seg with cached or new handles and grant access
+ * (peers included), as growth does: VMM_ENOMEM with *short_pages when memory is short; on any
+ * failure nothing is mapped. Block states are the caller's business (sleep.c: wake). */
+int vmm_seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages);
+/* Unmap page pg of seg (no-op when unmapped) and release its handle (release = 1; a handle the
+ * driver will not release is cached) or cache it (0). VMM_EDRIVER when the unmap fails (nothing
+ * changed), VMM_EHOSTMEM. Block states are the caller's business. */
+int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int release);
+/* Unmap the pages of a DETACHING block after its before_unmap (callbacks.c): see segment.c. */
+size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest);
 
 /* ---- pinned.c ----------------------------------------------------------------------------- */
 
@@ -461,9 +523,128 @@ void vmm_group_destroy_all(vmm_allocator *a);
 size_t vmm_group_parts(const vmm_block *b);
 void vmm_group_part(const vmm_block *b, size_t i, size_t *offset, size_t *size);
 
+/* ---- capture.c ---------------------------------------------------------------------------- */
+
+/* Put the calling thread in relaxed capture mode for the allocator's driver calls (PyTorch's
+ * CUDAStreamCaptureModeGuard): returns the mode to give back to vmm_capture_restore, -1 when the
+ * driver has no modes. Cheap (thread-local in the driver). */
+int vmm_capture_relax(vmm_allocator *a);
+void vmm_capture_restore(vmm_allocator *a, int prev);
+/* 1 when stream s takes part in a capture now (the driver says so); *id (may be NULL) its id. */
+int vmm_capture_stream(vmm_allocator *a, vmm_stream s, uint64_t *id);
+/* The allocator must not wait, synchronize or free with an implied synchronization now: routes are
+ * in force (captures underway) or stream s captures. Sets no error. */
+int vmm_capture_no_sync(vmm_allocator *a, vmm_stream s);
+/* Words for an OOM report saying why nothing was waited for (after no_sync), into buf. */
+void vmm_capture_oom_note(vmm_allocator *a, vmm_stream s, char *buf, size_t len);
+/* record_stream of live block b on stream s, which captures (capture id): remembered, so that the
+ * use is dropped rather than waited for once that capture has ended (its work runs in replays). */
+int vmm_capture_use_add(vmm_allocator *a, vmm_block *b, vmm_stream s, uint64_t id);
+/* What an unrecorded use slot of pending block b on stream s may do now. */
+enum { VMM_USE_RECORD = 0, VMM_USE_WAIT = 1, VMM_USE_DROP = 2 };
+int vmm_capture_use_check(vmm_allocator *a, const vmm_block *b, vmm_stream s);
+/* record_stream of b on s while s does not capture: the use is eager (waited for) from now on. */
+void vmm_capture_use_eager(vmm_allocator *a, const vmm_block *b, vmm_stream s);
+/* Uses remembered (vmm_check, tests). */
+size_t vmm_capture_uses(const vmm_allocator *a);
+/* Forget what was remembered for block b (its free completed) or for stream s (destroyed). */
+void vmm_capture_forget_block(vmm_allocator *a, const vmm_block *b);
+void vmm_capture_forget_stream(vmm_allocator *a, vmm_stream s);
+void vmm_capture_destroy(vmm_allocator *a);
+
+/* ---- mempool.c ---------------------------------------------------------------------------- */
+
+/* The private pool an allocation on stream s goes to while routes are in force (NULL: default). */
+vmm_mempool *vmm_mempool_route(vmm_allocator *a, vmm_stream s);
+/* Released pools waiting for a moment without captures: dissolve them now if possible
+ * (synchronizes the device once). Called when the last route ends and by vmm_empty_cache. */
+void vmm_mempool_settle(vmm_allocator *a);
+/* Totals over private pools for the stats JSON and the OOM report (caller holds the lock). */
+void vmm_mempool_totals(const vmm_allocator *a, int64_t *pools, int64_t *reserved, int64_t *allocated,
+                        int64_t *routes);
+/* vmm_check's part: pools' indexes, routes. *nfree / *nunm: blocks in the pools' indexes. */
+int vmm_mempool_check(vmm_allocator *a, size_t *nfree, size_t *nunm);
+/* Pool id of a segment ((0, 0) for the default pools), e.g. for snapshots' segment_pool_id. */
+void vmm_mempool_id_of(const vmm_segment *s, uint64_t id[2]);
+/* Free every pool record and route (vmm_destroy, after the segments went). */
+void vmm_mempool_destroy_all(vmm_allocator *a);
+
 /* ---- alloc.c ------------------------------------------------------------------------------ */
 
 void vmm_lock(vmm_allocator *a);
 void vmm_unlock(vmm_allocator *a);
+
+/* ---- sleep.c: tags, lanes, sleep / wake --------------------------------------------------- */
+
+/* The stream record serving allocations of (stream, tag): tag 0 is vmm_stream_rec_get's; others
+ * are made on first use. VMM_EINVAL (message set) while the tag sleeps, VMM_ENOTSUP without
+ * VMM support, VMM_EHOSTMEM. */
+int vmm_lane_get(vmm_allocator *a, vmm_stream s, int tag, vmm_stream_rec **out);
+/* vmm_free of a block in a segment frozen or asleep (its slot in the live table given): no
+ * events, nothing to unmap; its backup goes. Never fails. */
+void vmm_sleep_free(vmm_allocator *a, vmm_block *b, size_t slot);
+/* vmm_check's part: lanes, sleeping bytes, backups (caller holds the lock). */
+int vmm_sleep_check(vmm_allocator *a);
+/* vmm_destroy: backups freed (host memory), tag table freed. */
+void vmm_sleep_destroy(vmm_allocator *a);
+
+/* ---- ipc.c -------------------------------------------------------------------------------- */
+
+/* vmm_free of block b (caller holds the lock): 0 free it as usual; 1 it was shared and a consumer
+ * still has it open, so it stays allocated until they let go (limbo); VMM_EBADPTR (message set)
+ * for a second free of a block in limbo. */
+int vmm_ipc_hold(vmm_allocator *a, vmm_block *b);
+/* vmm_check's part (caller holds the lock). */
+int vmm_ipc_check(vmm_allocator *a);
+/* Some block of segment s is shared and open (or about to be opened) in another process. */
+int vmm_ipc_shared_in(vmm_allocator *a, const vmm_segment *s);
+/* vmm_destroy (before the segments go): opened mappings closed, export records dropped. */
+void vmm_ipc_destroy(vmm_allocator *a);
+/* vmm_create: apply the ipc key (pages exportable or not). VMM_ECONFIG for ipc:true on a device
+ * that cannot export. */
+int vmm_ipc_setup(vmm_allocator *a);
+
+/* ---- callbacks.c -------------------------------------------------------------------------- */
+
+/* vmm_add_free_memory_callback with the lock held (ipc.c registers its collector so). */
+int vmm_cb_add_free_locked(vmm_allocator *a, vmm_free_memory_fn fn, void *ctx);
+/* Run the free-memory callbacks with the lock released (caller holds it; it is held again on
+ * return). Returns 1 when one reported freeing memory. */
+int vmm_cb_run_free(vmm_allocator *a);
+/* seg_map_pages succeeded on pages [p0, p0 + n) of seg (caller holds the lock): queue after_map,
+ * in the notice vmm_cb_reserve made. Cannot fail. */
+void vmm_cb_mapped(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n);
+/* Room for one more queued notice of n pages, made before mapping so that vmm_cb_mapped cannot
+ * fail. VMM_EHOSTMEM (message set). */
+int vmm_cb_reserve(vmm_allocator *a, size_t n);
+/* reclaim of whole pages [p0, p1) (segment page numbers) of FREE block b (in its index) while
+ * mapping callbacks are set: carve them into a DETACHING block (out of every index), queue its
+ * before_unmap. Returns the pages detached (0 on a host-memory failure: nothing changed). */
+size_t vmm_cb_detach(vmm_allocator *a, vmm_block *b, size_t p0, size_t p1);
+/* Work is queued (notices, detached pages): the caller should vmm_unlock_deliver. */
+int vmm_cb_pending(const vmm_allocator *a);
+/* Caller holds the lock: deliver what is queued (lock released meanwhile), then hold it again.
+ * wait: until this thread delivered (else another thread delivering now does it). A no-op inside a
+ * callback (the delivering thread goes on after it). */
+void vmm_cb_flush(vmm_allocator *a, int wait);
+/* Release the lock, deliver queued notices in order (no lock but the delivery mutex held), then
+ * take the lock again to unmap the detached pages whose before_unmap ran, and release it. */
+void vmm_unlock_deliver(vmm_allocator *a);
+/* The same, waiting (a few seconds at most) when another thread delivers: for a malloc that needs
+ * detached pages unmapped. */
+void vmm_unlock_deliver_wait(vmm_allocator *a);
+/* Notices made ahead (sleep / wake): a list of after_map (unmap 0) or before_unmap (1) notices for
+ * pages [p0, p0 + n) of seg, queued together in the order added, or freed. */
+typedef struct vmm_cb_notice vmm_cb_notice;
+int vmm_cb_list_add(vmm_allocator *a, vmm_cb_notice **list, vmm_segment *seg, size_t p0, size_t n, int unmap);
+void vmm_cb_list_queue(vmm_allocator *a, vmm_cb_notice *list);
+void vmm_cb_list_free(vmm_allocator *a, vmm_cb_notice *list);
+/* This thread runs a mapping callback of a (sleep / wake refuse to run there). */
+int vmm_cb_delivering(const vmm_allocator *a);
+/* Block b is on the detach list (vmm_check). */
+int vmm_cb_is_detaching(const vmm_allocator *a, const vmm_block *b);
+int vmm_cb_check(vmm_allocator *a);
+/* vmm_destroy, before taking the lock: before_unmap for every mapping, then free the state. */
+void vmm_cb_destroy(vmm_allocator *a);
 
 #endif /* VMM_INTERNAL_H */

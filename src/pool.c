@@ -155,9 +155,11 @@ void vmm_block_cache_drain(vmm_allocator *a)
 
 /* ---- treap ------------------------------------------------------------------------------- */
 
+/* The first key is the segment's lane key (segment.key): its stream for untagged memory, so
+ * callers pass a stream; tagged memory has lanes of its own (sleep.c). */
 static int key_cmp(vmm_stream s, size_t size, uintptr_t addr, const vmm_block *b)
 {
-    uintptr_t bs = (uintptr_t)b->seg->stream, ks = (uintptr_t)s;
+    uintptr_t bs = (uintptr_t)b->seg->key, ks = (uintptr_t)s;
     if (ks != bs)
         return ks < bs ? -1 : 1;
     if (size != b->size)
@@ -173,7 +175,7 @@ static int key_cmp(vmm_stream s, size_t size, uintptr_t addr, const vmm_block *b
 static inline int key_before(vmm_stream s, size_t size, uintptr_t addr, const vmm_block *b,
                              int or_equal)
 {
-    uintptr_t bs = (uintptr_t)b->seg->stream, ks = (uintptr_t)s;
+    uintptr_t bs = (uintptr_t)b->seg->key, ks = (uintptr_t)s;
     size_t bsz = b->size;
     int addr_ok = (addr < b->addr) | ((addr == b->addr) & or_equal);
     return (ks < bs) | ((ks == bs) & ((size < bsz) | ((size == bsz) & addr_ok)));
@@ -183,7 +185,7 @@ static inline int key_before(vmm_stream s, size_t size, uintptr_t addr, const vm
  * known key; in fixed-size loops every outcome predicts well and the branchless form cost more). */
 static int block_less(const vmm_block *x, const vmm_block *y)
 {
-    return key_cmp(x->seg->stream, x->size, x->addr, y) < 0;
+    return key_cmp(x->seg->key, x->size, x->addr, y) < 0;
 }
 
 /* Split t into keys < k (l) and keys >= k (r). */
@@ -267,7 +269,7 @@ vmm_block *vmm_tree_next(vmm_block *t, const vmm_block *b)
     vmm_block *best = NULL;
     while (t) {
         vmm_block *l = t->left, *r = t->right;
-        int lt = key_before(b->seg->stream, b->size, b->addr, t, 0);
+        int lt = key_before(b->seg->key, b->size, b->addr, t, 0);
         best = lt ? t : best;
         t = lt ? l : r;
     }
@@ -286,11 +288,11 @@ void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
     b->left = b->right = NULL;
     b->in_index = 1;
     if (b->state == VMM_BLOCK_UNMAPPED) {
-        vmm_tree_insert(&a->unmapped_tree[pool], b);
+        vmm_tree_insert(VMM_UNMAPPED_ROOT(a, b->seg), b);
         a->n_unmapped_blocks++;
         return;
     }
-    vmm_tree_insert(&a->free_tree[pool], b);
+    vmm_tree_insert(VMM_FREE_ROOT(a, b->seg), b);
     a->n_free_blocks++;
     if (is_split(b)) {
         vmm_hot_up(a->stats.inactive_split, pool, 1);
@@ -303,11 +305,11 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
     int pool = b->seg->pool;
     b->in_index = 0;
     if (b->state == VMM_BLOCK_UNMAPPED) {
-        vmm_tree_erase(&a->unmapped_tree[pool], b);
+        vmm_tree_erase(VMM_UNMAPPED_ROOT(a, b->seg), b);
         a->n_unmapped_blocks--;
         return;
     }
-    vmm_tree_erase(&a->free_tree[pool], b);
+    vmm_tree_erase(VMM_FREE_ROOT(a, b->seg), b);
     a->n_free_blocks--;
     if (is_split(b)) {
         vmm_hot_down(a->stats.inactive_split, pool, 1);
@@ -315,10 +317,13 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
     }
 }
 
-static inline vmm_block *best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
+static inline vmm_block *best_fit(vmm_allocator *a, vmm_mempool *mp, int pool, vmm_stream s,
+                                  size_t size)
 {
-    vmm_block *b = vmm_tree_lower_bound(a->free_tree[pool], s, size, 0);
-    if (!b || b->seg->stream != s)
+    /* a private pool's blocks are in its own index (mempool.c) */
+    vmm_block *root = VMM_UNLIKELY(mp != NULL) ? mp->free_tree[pool] : a->free_tree[pool];
+    vmm_block *b = vmm_tree_lower_bound(root, s, size, 0);
+    if (!b || b->seg->key != s)
         return NULL;
     size_t max_split = a->cfg.max_split_size;
     /* Keep oversize blocks for oversize requests, and don't waste more than
@@ -332,7 +337,7 @@ static inline vmm_block *best_fit(vmm_allocator *a, int pool, vmm_stream s, size
 
 vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
 {
-    return best_fit(a, pool, s, size);
+    return best_fit(a, NULL, pool, s, size);
 }
 
 void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)
@@ -481,13 +486,13 @@ int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requeste
     return pool_take(a, bp, size, requested, fitted);
 }
 
-int vmm_pool_malloc_cached(vmm_allocator *a, size_t size, vmm_stream s, vmm_block **out,
-                           size_t *rounded, int *pool)
+int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, size_t size, vmm_stream s,
+                           vmm_block **out, size_t *rounded, int *pool)
 {
     /* one call for malloc's cached path: rounding, pool and best fit inline here */
     size_t r = round_size(&a->cfg, size);
     int p = pool_of(r);
-    vmm_block *b = best_fit(a, p, s, r);
+    vmm_block *b = best_fit(a, mp, p, s, r);
     *rounded = r;
     *pool = p;
     *out = NULL;
@@ -508,8 +513,8 @@ static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
     int pool = b->seg->pool;
     size_t size = b->size + keep->size;
     uintptr_t addr = b->addr < keep->addr ? b->addr : keep->addr;
-    const vmm_block *succ = vmm_tree_next(a->free_tree[pool], keep);
-    if (succ && key_cmp(b->seg->stream, size, addr, succ) >= 0)
+    const vmm_block *succ = vmm_tree_next(*VMM_FREE_ROOT(a, keep->seg), keep);
+    if (succ && key_cmp(b->seg->key, size, addr, succ) >= 0)
         return 0;
     size_t old_size = keep->size;
     if (keep == b->next) {

@@ -23,6 +23,7 @@ static _Atomic(vmm_allocator *) g_alloc[VMM_TORCH_MAX_DEVICES];
 static char *g_conf;                         /* vmm_torch_configure's conf, or NULL */
 static char g_error[TORCH_MESSAGE_MAX];      /* last failure of a vmm_torch_* call */
 static char g_oom[TORCH_MESSAGE_MAX];        /* last out-of-memory report */
+static _Atomic int g_capture_guard;          /* vmm_torch_set_capture_guard */
 
 /* Keep this thread's vmm_last_error() as the process-wide message (and as the OOM report when
  * status is VMM_ENOMEM); returns status. */
@@ -89,6 +90,15 @@ static vmm_allocator *existing(int device)
     return atomic_load_explicit(&g_alloc[device], memory_order_acquire);
 }
 
+/* Capture guard: stream captures and no private-pool route takes its allocations. */
+static int capture_refused(vmm_allocator *a, void *stream)
+{
+    vmm_lock(a);
+    int refused = vmm_mempool_route(a, stream) == NULL && vmm_capture_stream(a, stream, NULL);
+    vmm_unlock(a);
+    return refused;
+}
+
 VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream)
 {
     vmm_allocator *a = NULL;
@@ -99,6 +109,16 @@ VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream)
     }
     if (get_allocator(device, &a, "vmm_torch_malloc"))
         return NULL;
+    if (VMM_UNLIKELY(atomic_load_explicit(&g_capture_guard, memory_order_relaxed)) &&
+        capture_refused(a, stream)) {
+        keep_error(vmm_fail(VMM_ENOTSUP,
+                            "vmm_torch_malloc: stream %p is capturing a CUDA graph, but vmmalloc's "
+                            "graph hooks (beginAllocateToPool & co.) are not installed, so the "
+                            "graph's memory could be handed to other allocations while replays "
+                            "write it; refused. Install with the graph hooks (vmmalloc.graphs) or "
+                            "capture with torch.cuda.MemPool(allocator=...)", stream));
+        return NULL;
+    }
     void *p = NULL;
     int rc = vmm_malloc(a, (size_t)size, stream, &p);
     if (rc)
@@ -255,5 +275,51 @@ VMM_API void vmm_torch_shutdown(void)
     free(g_conf);
     g_conf = NULL;
     g_error[0] = g_oom[0] = '\0';
+    atomic_store(&g_capture_guard, 0);
     pthread_mutex_unlock(&g_mu);
+}
+
+/* ---- CUDA graphs (CUDAPluggableAllocator's pool hooks; the C++ shim adapts their shapes) ------ */
+
+VMM_API int vmm_torch_begin_allocate_to_pool(int device, uint64_t id0, uint64_t id1,
+                                             vmm_stream_filter filter, void *ctx)
+{
+    vmm_allocator *a = NULL;
+    int rc = get_allocator(device, &a, "vmm_torch_begin_allocate_to_pool");
+    if (rc == VMM_OK && (rc = vmm_pool_begin_filter(a, id0, id1, filter, ctx)) != VMM_OK)
+        keep_error(rc);
+    return rc;
+}
+
+/* The existing allocator of device (these never create one: there is nothing to end or release). */
+static vmm_allocator *pool_allocator(int device, const char *fn)
+{
+    vmm_allocator *a = device >= 0 && device < VMM_TORCH_MAX_DEVICES ? existing(device) : NULL;
+    if (!a)
+        keep_error(vmm_fail(VMM_EINVAL, "%s: device %d has no allocator (no pool was begun on it)", fn,
+                            device));
+    return a;
+}
+
+VMM_API int vmm_torch_end_allocate_to_pool(int device, uint64_t id0, uint64_t id1)
+{
+    vmm_allocator *a = pool_allocator(device, "vmm_torch_end_allocate_to_pool");
+    if (!a)
+        return VMM_EINVAL;
+    int rc = vmm_pool_end(a, id0, id1);
+    return rc ? keep_error(rc) : VMM_OK;
+}
+
+VMM_API int vmm_torch_release_pool(int device, uint64_t id0, uint64_t id1)
+{
+    vmm_allocator *a = pool_allocator(device, "vmm_torch_release_pool");
+    if (!a)
+        return VMM_EINVAL;
+    int rc = vmm_pool_release(a, id0, id1);
+    return rc ? keep_error(rc) : VMM_OK;
+}
+
+VMM_API int vmm_torch_set_capture_guard(int on)
+{
+    return atomic_exchange_explicit(&g_capture_guard, on != 0, memory_order_relaxed);
 }

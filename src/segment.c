@@ -217,6 +217,9 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
                         (unsigned long long)(seg->base + p0 * ps));
     if (quar_reserve(a, a->n_quar + n) != VMM_OK)
         return VMM_EHOSTMEM;
+    /* the after_map notice is made now, so that announcing the mapping cannot fail */
+    if (VMM_UNLIKELY(a->cb_mapping) && vmm_cb_reserve(a, n) != VMM_OK)
+        return VMM_EHOSTMEM;
     size_t cached = fh_count(a, ps);
     if (cached < n) {
         size_t want = (n - cached) * ps;
@@ -285,6 +288,39 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
     a->stats.num_pages_mapped += (int64_t)n;
     a->stats.num_pages_remapped += (int64_t)reused;
     vmm_meta_free(a->meta, hs, n * sizeof *hs);
+    if (VMM_UNLIKELY(a->cb_mapping))
+        vmm_cb_mapped(a, seg, p0, n);
+    return VMM_OK;
+}
+
+int vmm_seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages)
+{
+    return seg_map_pages(a, seg, p0, n, short_pages);
+}
+
+int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int release)
+{
+    size_t ps = seg->page_size;
+    vmm_phys h = seg->pages[pg];
+    if (!h)
+        return VMM_OK;
+    /* room in the cache first: a handle the driver will not release waits there */
+    if (fh_reserve(a, a->n_handles) != VMM_OK)
+        return VMM_EHOSTMEM;
+    int r = unmap_page(a, seg->base + pg * ps, ps, UNMAP_TRIES);
+    if (r)
+        return vmm_fail_drv(r, "mem_unmap");
+    seg->pages[pg] = 0;
+    seg->mapped_pages--;
+    vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)ps);
+    a->stats.num_pages_unmapped++;
+    if (release && a->drv->ops->mem_release(a->drv, h) == VMM_DRV_SUCCESS) {
+        vmm_stat_update(a->stats.reserved_bytes, seg->pool, -(int64_t)ps);
+        a->stats.num_device_free++;
+        a->n_handles--;
+    } else {
+        fh_put(a, h, ps, seg->pool);
+    }
     return VMM_OK;
 }
 
@@ -330,7 +366,9 @@ static int seg_new_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
     s->base = base;
     s->size = va;
     s->stream = sr->stream;
+    s->key = sr->key;
     s->srec = sr;
+    s->mp = a->cur_mp;
     s->pool = pool;
     s->expandable = 1;
     s->page_size = ps;
@@ -373,8 +411,10 @@ static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
     size_t ps = a->page_size[pool];
     vmm_block *best = NULL;
     size_t best_need = round_up(size, ps);
-    for (vmm_block *u = vmm_tree_lower_bound(a->unmapped_tree[pool], sr->stream, 0, 0);
-         u && u->seg->stream == sr->stream; u = vmm_tree_next(a->unmapped_tree[pool], u)) {
+    /* the private pool of the malloc in progress has its own index (mempool.c) */
+    vmm_block *root = a->cur_mp ? a->cur_mp->unmapped_tree[pool] : a->unmapped_tree[pool];
+    for (vmm_block *u = vmm_tree_lower_bound(root, sr->key, 0, 0);
+         u && u->seg->key == sr->key; u = vmm_tree_next(root, u)) {
         size_t need = grow_need(u, size, ps);
         if (need && (!best || need < best_need || (need == best_need && u->addr < best->addr))) {
             best = u;
@@ -445,6 +485,9 @@ static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
         return 0;
     if (p1 - p0 > want)
         p1 = p0 + want;
+    /* mapping callbacks: before_unmap runs first, outside the lock (callbacks.c) */
+    if (VMM_UNLIKELY(a->cb_mapping))
+        return vmm_cb_detach(a, b, p0, p1);
     vmm_block *r1 = vmm_block_new(a), *r2 = vmm_block_new(a);
     if (!r1 || !r2 || fh_reserve(a, a->n_handles) != VMM_OK) {
         if (r1)
@@ -494,6 +537,51 @@ static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
     return n;
 }
 
+/* Unmap the pages of DETACHING block u, whose before_unmap has run (callbacks.c): handles to the
+ * cache, the block UNMAPPED, merged and indexed. Returns the pages unmapped. When the driver
+ * refuses one, the pages before it are done and *rest gets the remainder (still DETACHING, to be
+ * tried again); otherwise *rest is NULL. */
+size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest)
+{
+    vmm_segment *seg = u->seg;
+    size_t ps = seg->page_size, p0 = (u->addr - seg->base) / ps, n = u->size / ps;
+    *rest = u;
+    vmm_block *r = vmm_block_new(a);
+    if (!r || fh_reserve(a, a->n_handles) != VMM_OK) {
+        if (r)
+            vmm_block_delete(a, r);
+        return 0;
+    }
+    size_t k = 0;
+    for (; k < n; k++) {
+        int dr = unmap_page(a, seg->base + (p0 + k) * ps, ps, 1);
+        if (dr) {
+            vmm_fail_drv(dr, "mem_unmap");
+            break;
+        }
+        fh_put(a, seg->pages[p0 + k], ps, seg->pool);
+        seg->pages[p0 + k] = 0;
+    }
+    if (!k) {
+        vmm_block_delete(a, r);
+        return 0;
+    }
+    seg->mapped_pages -= k;
+    VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, seg->base + p0 * ps, k * ps, seg->stream);
+    vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)(k * ps));
+    a->stats.num_pages_unmapped += (int64_t)k;
+    if (k < n) {
+        vmm_block_split_into(u, r, k * ps); /* r: the rest, still DETACHING */
+        *rest = r;
+    } else {
+        vmm_block_delete(a, r);
+        *rest = NULL;
+    }
+    u->state = VMM_BLOCK_UNMAPPED;
+    vmm_pool_insert(a, vmm_block_merge(a, u));
+    return k;
+}
+
 /* ---- recycling idle pages for growth ------------------------------------------------------ */
 
 /* Growth that would lift reserved bytes above their high-water mark first unmaps idle whole pages
@@ -519,8 +607,8 @@ static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vm
         for (int pool = 0; pool < VMM_NPOOLS; pool++) {
             vmm_block **root = &a->free_tree[pool];
             /* blocks smaller than a page hold no whole page: start past them */
-            for (vmm_block *b = vmm_tree_lower_bound(*root, r->stream, a->page_size[pool], 0);
-                 b && b->seg->stream == r->stream; b = vmm_tree_next(*root, b)) {
+            for (vmm_block *b = vmm_tree_lower_bound(*root, r->key, a->page_size[pool], 0);
+                 b && b->seg->key == r->key; b = vmm_tree_next(*root, b)) {
                 if (b == k0 || b == k1 || !b->seg->expandable || !has_whole_page(b) ||
                     !vmm_block_idle(b))
                     continue;
@@ -615,7 +703,7 @@ void vmm_seg_free_empty(vmm_allocator *a)
     while (s) {
         vmm_segment *next = s->next;
         vmm_block *b = s->first;
-        if (s->expandable && b->state == VMM_BLOCK_UNMAPPED && !b->next &&
+        if (s->expandable && b->state == VMM_BLOCK_UNMAPPED && !b->next && !s->asleep &&
             !quar_overlaps(a, s->base, s->size)) {
             int r = a->drv->ops->va_free(a->drv, s->base, s->size);
             if (r) {
@@ -662,7 +750,9 @@ int vmm_seg_classic_alloc(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
     s->base = p;
     s->size = seg_size;
     s->stream = sr->stream;
+    s->key = sr->key;
     s->srec = sr;
+    s->mp = a->cur_mp;
     s->pool = pool;
     s->first = b;
     b->addr = p;
@@ -684,7 +774,8 @@ int vmm_seg_classic_alloc(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
 static int classic_releasable(const vmm_segment *s, size_t min_size)
 {
     const vmm_block *b = s->first;
-    return !s->expandable && b->state == VMM_BLOCK_FREE && !b->next && s->size >= min_size;
+    /* a private pool's segments stay while it has users (mempool.c) */
+    return !s->expandable && !s->mp && b->state == VMM_BLOCK_FREE && !b->next && s->size >= min_size;
 }
 
 size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, int oldest_first)
@@ -843,9 +934,11 @@ VMM_API int vmm_enable_peer_access(vmm_allocator *a, int peer)
     if (peer < 0)
         return vmm_fail(VMM_EINVAL, "vmm_enable_peer_access: device %d is negative", peer);
     vmm_lock(a);
+    int m = vmm_capture_relax(a); /* cuMemSetAccess must not invalidate a capture */
     int rc = peer_enable(a, peer);
     if (rc == VMM_OK && peer != a->dev.ordinal)
         rc = seg_regrant_all(a);
+    vmm_capture_restore(a, m);
     vmm_unlock(a);
     return rc;
 }

@@ -115,3 +115,95 @@ VMM_API int vmm_sim_fail_random(vmm_allocator *a, int kind, double p, uint64_t s
     int r = vmm_sim_driver_fail_random(a->drv, kind, p, seed);
     return r ? vmm_fail_drv(r, "vmm_sim_fail_random") : VMM_OK;
 }
+
+/* ---- capture ------------------------------------------------------------------------------------ */
+
+VMM_API int vmm_sim_capture_begin(vmm_allocator *a, vmm_stream s, int mode)
+{
+    int rc = need_sim(a, "vmm_sim_capture_begin");
+    if (rc)
+        return rc;
+    if (mode < VMM_SIM_CAPTURE_GLOBAL || mode > VMM_SIM_CAPTURE_RELAXED)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_capture_begin: mode %d out of range", mode);
+    int r = vmm_sim_driver_capture_begin(a->drv, s, mode);
+    if (r == VMM_DRV_INVALID_VALUE)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_capture_begin: stream %p captures already", s);
+    return r ? vmm_fail_drv(r, "vmm_sim_capture_begin") : VMM_OK;
+}
+
+VMM_API int vmm_sim_capture_end(vmm_allocator *a, vmm_stream s, vmm_sim_graph **graph)
+{
+    if (graph)
+        *graph = NULL;
+    int rc = need_sim(a, "vmm_sim_capture_end");
+    if (rc)
+        return rc;
+    if (!graph)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_capture_end: graph is NULL");
+    int r = vmm_sim_driver_capture_end(a->drv, s, graph);
+    return r ? vmm_fail_drv(r, "vmm_sim_capture_end") : VMM_OK;
+}
+
+VMM_API int vmm_sim_graph_launch(vmm_allocator *a, vmm_sim_graph *g, vmm_stream s)
+{
+    int rc = need_sim(a, "vmm_sim_graph_launch");
+    if (rc)
+        return rc;
+    if (!g)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_graph_launch: graph is NULL");
+    int r = vmm_sim_driver_graph_launch(a->drv, g, s);
+    return r ? vmm_fail_drv(r, "vmm_sim_graph_launch") : VMM_OK;
+}
+
+VMM_API void vmm_sim_graph_destroy(vmm_sim_graph *g) { vmm_sim_driver_graph_destroy(g); }
+
+VMM_API size_t vmm_sim_graph_nodes(const vmm_sim_graph *g) { return vmm_sim_driver_graph_nodes(g); }
+
+VMM_API int vmm_sim_capture_mode_exchange(vmm_allocator *a, int *mode)
+{
+    int rc = need_sim(a, "vmm_sim_capture_mode_exchange");
+    if (rc)
+        return rc;
+    if (!mode || *mode < VMM_SIM_CAPTURE_GLOBAL || *mode > VMM_SIM_CAPTURE_RELAXED)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_capture_mode_exchange: bad mode");
+    int r = a->drv->ops->capture_mode_exchange(a->drv, mode);
+    return r ? vmm_fail_drv(r, "vmm_sim_capture_mode_exchange") : VMM_OK;
+}
+
+VMM_API int vmm_sim_memset32(vmm_allocator *a, void *p, uint32_t value, size_t n, vmm_stream s)
+{
+    int rc = need_sim(a, "vmm_sim_memset32");
+    if (rc)
+        return rc;
+    int r = a->drv->ops->memset32(a->drv, (uintptr_t)p, value, n, s);
+    return r ? vmm_fail_drv(r, "vmm_sim_memset32") : VMM_OK;
+}
+
+VMM_API int vmm_sim_stream_wait_stream(vmm_allocator *a, vmm_stream s, vmm_stream on)
+{
+    int rc = need_sim(a, "vmm_sim_stream_wait_stream");
+    if (rc)
+        return rc;
+    const vmm_driver_ops *ops = a->drv->ops;
+    vmm_event e = NULL;
+    int r = ops->event_create(a->drv, &e);
+    if (!r)
+        r = ops->event_record(a->drv, e, on);
+    if (!r)
+        r = ops->stream_wait_event(a->drv, s, e);
+    /* a wait already queued keeps what it waits for: destroying the event now is fine */
+    if (e)
+        ops->event_destroy(a->drv, e);
+    return r ? vmm_fail_drv(r, "vmm_sim_stream_wait_stream") : VMM_OK;
+}
+
+VMM_API int vmm_sim_stream_capture_info(vmm_allocator *a, vmm_stream s, int *capturing, uint64_t *id)
+{
+    int rc = need_sim(a, "vmm_sim_stream_capture_info");
+    if (rc)
+        return rc;
+    if (!capturing || !id)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_stream_capture_info: NULL argument");
+    int r = a->drv->ops->stream_capture_info(a->drv, s, capturing, id);
+    return r ? vmm_fail_drv(r, "vmm_sim_stream_capture_info") : VMM_OK;
+}

@@ -61,11 +61,14 @@ VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out)
 #define STAT_ARRAYS(X)                                                                     \
     X(allocation) X(segment) X(active) X(inactive_split) X(allocated_bytes) X(reserved_bytes) \
     X(active_bytes) X(inactive_split_bytes) X(requested_bytes) X(mapped_bytes)
-#define STAT_SINGLES(X) X(oversize_allocations) X(oversize_segments)
+#define STAT_SINGLES(X) X(oversize_allocations) X(oversize_segments) X(sleeping_bytes)
 #define STAT_COUNTERS(X)                                                                   \
     X(num_alloc_retries) X(num_ooms) X(num_sync_all_streams) X(num_device_alloc)          \
     X(num_device_free) X(num_event_waits) X(num_pages_mapped) X(num_pages_unmapped)       \
-    X(num_pages_remapped) X(max_split_size) X(metadata_bytes) X(reserved_va_bytes)
+    X(num_pages_remapped) X(max_split_size) X(metadata_bytes) X(reserved_va_bytes)         \
+    X(backup_bytes) X(num_sleeps) X(num_wakes) X(num_wake_failures)                       \
+    X(num_free_memory_callbacks) X(num_free_memory_callback_hits) X(ipc_exported_blocks)  \
+    X(ipc_limbo_blocks) X(ipc_open_mappings)
 
 static void reset_stat(vmm_stat *s, int cumulative)
 {
@@ -100,6 +103,8 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
         s->num_alloc_retries = s->num_ooms = s->num_sync_all_streams = 0;
         s->num_device_alloc = s->num_device_free = s->num_event_waits = 0;
         s->num_pages_mapped = s->num_pages_unmapped = s->num_pages_remapped = 0;
+        s->num_sleeps = s->num_wakes = s->num_wake_failures = 0;
+        s->num_free_memory_callbacks = s->num_free_memory_callback_hits = 0;
     }
     vmm_unlock(a);
     return VMM_OK;
@@ -143,6 +148,8 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     fill_stats(a, &s);
     vmm_sim_counters c;
     int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
+    int64_t n_pools, pool_res, pool_alloc, routes; /* private pools (mempool.c) */
+    vmm_mempool_totals(a, &n_pools, &pool_res, &pool_alloc, &routes);
     vmm_unlock(a);
     jbuf j = {buf, len, 0, 0};
     static const char *pools[VMM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
@@ -159,6 +166,10 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
 #define JSON_COUNTER_(f) jput(&j, #f, s.f);
     STAT_COUNTERS(JSON_COUNTER_)
 #undef JSON_COUNTER_
+    jput(&j, "private_pools.count", n_pools);
+    jput(&j, "private_pools.routes", routes);
+    jput(&j, "private_pools.reserved_bytes", pool_res);
+    jput(&j, "private_pools.allocated_bytes", pool_alloc);
     if (sim) {
         jput(&j, "sim.device_syncs", (long long)c.device_syncs);
         jput(&j, "sim.stream_syncs", (long long)c.stream_syncs);
@@ -222,8 +233,13 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
             return bad("two neighbouring free blocks not merged", b->addr);
         switch (b->state) {
         case VMM_BLOCK_FREE:
+            if (s->asleep) { /* sleep.c: frozen or asleep, its free blocks are out of the index */
+                if (b->in_index)
+                    return bad("free block of a sleeping segment is in the free index", b->addr);
+                break;
+            }
             (*nfree)++;
-            if (!b->in_index || !vmm_tree_contains(a->free_tree[p], b))
+            if (!b->in_index || !vmm_tree_contains(*VMM_FREE_ROOT(a, s), b))
                 return bad("free block missing from the free index", b->addr);
             if (b->prev || b->next) {
                 sm->v[p][S_ISPLIT]++;
@@ -234,7 +250,7 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
             (*nunm)++;
             if (!s->expandable || (b->addr - s->base) % s->page_size || b->size % s->page_size)
                 return bad("unmapped block not page aligned", b->addr);
-            if (!b->in_index || !vmm_tree_contains(a->unmapped_tree[p], b))
+            if (!b->in_index || !vmm_tree_contains(*VMM_UNMAPPED_ROOT(a, s), b))
                 return bad("unmapped block missing from the unmapped index", b->addr);
             break;
         case VMM_BLOCK_ALLOCATED:
@@ -252,6 +268,11 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
                 return bad("pending block not on the deferred list only", b->addr);
             sm->v[p][S_ACTIVE]++;
             sm->v[p][S_ACTIVE_B] += (int64_t)b->size;
+            break;
+        case VMM_BLOCK_DETACHING: /* callbacks.c: mapped until its before_unmap has run */
+            if (!s->expandable || (b->addr - s->base) % s->page_size || b->size % s->page_size ||
+                b->in_index || !vmm_cb_is_detaching(a, b))
+                return bad("detaching block not whole pages on the detach list only", b->addr);
             break;
         default:
             return bad("block in an unknown state", b->addr);
@@ -275,6 +296,14 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
         int want = 0;
         for (const vmm_block *c = b; c && c->addr < va + ps; c = c->next)
             want |= c->state != VMM_BLOCK_UNMAPPED;
+        int under = want;
+        if (s->asleep == 2) {
+            /* asleep: a page stays mapped only under a detaching block or where the driver refused
+             * its unmap; never under an unmapped block */
+            if (!want && s->pages[pg])
+                return bad("page of an unmapped block is mapped", va);
+            want = s->pages[pg] != 0;
+        }
         if (want != (s->pages[pg] != 0))
             return bad(want ? "page under a block is not mapped" : "page of an unmapped block is mapped",
                        va);
@@ -287,7 +316,7 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
          * unmapped pages next to mapped ones. Asking about every page of an 80-141 GiB reservation
          * would cost ~10^5 driver calls per check on a real GPU. */
         int edge = (pg > 0 && s->pages[pg - 1]) || (pg + 1 < s->n_pages && s->pages[pg + 1]);
-        if (!want && !q && !edge)
+        if (!want && !q && !edge && !(s->asleep && under))
             continue;
         vmm_phys h = 0;
         int r = a->drv->ops->lookup_mapping(a->drv, va, &h);
@@ -368,6 +397,12 @@ static int check_locked(vmm_allocator *a)
         return bad("segment count is wrong", 0);
     size_t tf = tree_count(a->free_tree[0]) + tree_count(a->free_tree[1]);
     size_t tu = tree_count(a->unmapped_tree[0]) + tree_count(a->unmapped_tree[1]);
+    size_t pf = 0, pu = 0; /* private pools' indexes (mempool.c) */
+    int mrc = vmm_mempool_check(a, &pf, &pu);
+    if (mrc)
+        return mrc;
+    tf += pf;
+    tu += pu;
     if (tf != nfree || nfree != a->n_free_blocks)
         return bad("free index holds blocks that are not free", 0);
     if (tu != nunm || nunm != a->n_unmapped_blocks)
@@ -375,6 +410,12 @@ static int check_locked(vmm_allocator *a)
     if (nlive != a->live_n)
         return bad("live table holds blocks that are not allocated", 0);
     int erc = check_events(a);
+    if (!erc)
+        erc = vmm_sleep_check(a);
+    if (!erc)
+        erc = vmm_cb_check(a);
+    if (!erc)
+        erc = vmm_ipc_check(a);
     if (erc)
         return erc;
     for (int p = 0; p < VMM_NPOOLS; p++) {
@@ -419,7 +460,9 @@ VMM_API int vmm_check(vmm_allocator *a)
     if (!a)
         return vmm_fail(VMM_EINVAL, "vmm_check: allocator is NULL");
     vmm_lock(a);
+    int m = vmm_capture_relax(a); /* lookup_mapping is an unsafe call while capturing (driver.h) */
     int rc = check_locked(a);
+    vmm_capture_restore(a, m);
     vmm_unlock(a);
     return rc;
 }

@@ -68,6 +68,9 @@ typedef struct options {
     int quiet;
     int expandable;         /* -1: as the conf says (default true) */
     int plant_skip_record;  /* self-test: hand blocks off without vmm_record_stream */
+    double captures;        /* probability that an op is a graph op (capture, replay, destroy) */
+    uint64_t sleep_every;   /* --sleep-every N: a sleep / wake cycle every N phase boundaries */
+    int map_callbacks;      /* --map-callbacks: a mapping callbacks' map checked at every phase */
 } options;
 
 static options opt = {
@@ -215,6 +218,7 @@ typedef struct counters {
     atomic_uint_fast64_t injected_errors;  /* clean error codes surfaced while faults were on */
     atomic_uint_fast64_t free_retries, launches_failed, verified, bytes_verified;
     atomic_uint_fast64_t checks;
+    atomic_uint_fast64_t captures, replays, graph_destroys, graph_verifies, capture_ooms, shared_pools;
 } counters;
 
 typedef struct run {
@@ -252,6 +256,18 @@ typedef struct run {
     int64_t peak_allocated, peak_reserved, event_waits, pages_remapped, device_syncs, stream_syncs;
     uint64_t violations_at_start;
     int empty_rounds;      /* empty_cache calls the recovery at the end needed */
+    /* --sleep-every, --map-callbacks (see sleep_cycle, mapwatch) */
+    uint64_t phases, sleeps, wakes, wake_retries;
+    uint64_t our_stream_syncs;
+    struct mapwatch *mw;
+    /* --captures: graphs (see graph_capture) */
+    pthread_mutex_t graph_mu;        /* one graph op at a time */
+    pthread_rwlock_t graph_mem_lock; /* graphs[] for the eager blocks' check */
+    struct graph_rec *graphs[8];
+    size_t ngraphs;
+    uint64_t next_pool;
+    vmm_stream cap_s, cap_s2;        /* the capture stream and the one forked into captures */
+    atomic_int capturing;
 } run_t;
 
 static atomic_uint_fast64_t violations;
@@ -584,6 +600,248 @@ static uint64_t total_failures(run_t *R)
     return n;
 }
 
+/* ---- CUDA graphs (--captures P) --------------------------------------------------------------------
+ * With probability P an op is a graph op instead, one at a time (graph_mu): capture a graph on the
+ * capture stream into a private pool (new, or shared with a live graph), replay one, or destroy one.
+ * A capture allocates blocks on the capture stream (routed to the pool with vmm_pool_begin), fills
+ * them with captured launches, frees some inside the capture (temporaries; some after a forked
+ * stream used them, with vmm_record_stream), keeps the others as outputs (in the shadow). Other
+ * threads go on meanwhile. Checks: the capture is never invalidated (no allocator call breaks the
+ * capture rules; the sim invalidates one that does), a replay never finds its memory unmapped, its
+ * outputs hold their pattern right after it (checked by a launch queued behind it), no eager block
+ * lies in a graph's memory (vmm_pool_lookup says the default pools, and no range of a live graph
+ * overlaps it), and eager patterns stay intact while replays write graph memory. */
+
+enum { GRAPH_MAX = 6, GRAPH_BLOCKS = 10 };
+
+typedef struct gfill {
+    char *ptr;
+    size_t size;
+    uint64_t key;
+} gfill;
+
+typedef struct graph_rec {
+    uint64_t pool;       /* private pool (pool, 0) */
+    vmm_sim_graph *g;
+    block *outs[GRAPH_BLOCKS];
+    size_t nouts;
+    gfill fills[GRAPH_BLOCKS]; /* arguments of the captured launches (replays run them again) */
+    range mem[GRAPH_BLOCKS];   /* every block the capture allocated: the graph's memory */
+    size_t nmem;
+    struct run *run;
+} graph_rec;
+
+static void graph_fill(void *arg)
+{
+    gfill *f = arg;
+    pattern_fill(f->key, f->ptr, f->size);
+}
+
+static void graph_verify(void *arg)
+{
+    graph_rec *g = arg;
+    for (size_t i = 0; i < g->nouts; i++)
+        pattern_verify(g->outs[i], g->outs[i]->key, "graph output right after a replay");
+    atomic_fetch_add(&g->run->c.graph_verifies, 1);
+}
+
+static void graph_marker(void *arg) { atomic_store((atomic_int *)arg, 1); }
+
+/* An eager block must not lie in a live graph's memory. */
+static void graph_mem_check(run_t *R, const block *b)
+{
+    uint64_t id0 = 1, id1 = 1;
+    int rc = vmm_pool_lookup(R->a, b->ptr, &id0, &id1);
+    if (rc != VMM_OK || id0 || id1)
+        violation("eager block %" PRIu64 " at %p is in private pool (%" PRIu64 ", %" PRIu64 ") (%s)", b->id,
+                  (void *)b->ptr, id0, id1, rc ? vmm_last_error() : "lookup ok");
+    uintptr_t s = (uintptr_t)b->ptr, e = s + b->usable;
+    pthread_rwlock_rdlock(&R->graph_mem_lock);
+    for (size_t k = 0; k < R->ngraphs; k++) {
+        const graph_rec *g = R->graphs[k];
+        for (size_t i = 0; i < g->nmem; i++)
+            if (g->mem[i].start < e && s < g->mem[i].end)
+                violation("eager block %" PRIu64 " [%p, +%zu) overlaps memory of graph (pool %" PRIu64 ")",
+                          b->id, (void *)b->ptr, b->usable, g->pool);
+    }
+    pthread_rwlock_unlock(&R->graph_mem_lock);
+}
+
+/* Wait until the capture stream has run what is queued on it (a marker launch; no sync call). */
+static void graph_drain(run_t *R)
+{
+    atomic_int done;
+    atomic_init(&done, 0);
+    while (vmm_sim_launch(R->a, R->cap_s, graph_marker, &done) != VMM_OK)
+        ; /* only an injected fault fails it */
+    while (!atomic_load(&done))
+        sleep_ns(20000);
+}
+
+static void graph_capture(run_t *R, thread_state *t)
+{
+    graph_rec *g = calloc(1, sizeof *g);
+    if (!g)
+        abort();
+    g->run = R;
+    int shared = R->ngraphs && rng_below(&t->r, 10) < 3;
+    g->pool = shared ? R->graphs[rng_below(&t->r, R->ngraphs)]->pool : ++R->next_pool;
+    /* The whole capture is one reader of oom_lock: an OOM is classified (as writer) only while no
+     * capture is underway, since the allocator rightly refuses to wait during one. */
+    pthread_rwlock_rdlock(&R->oom_lock);
+    atomic_store(&R->capturing, 1);
+    int rc = vmm_pool_begin(R->a, g->pool, 0, R->cap_s);
+    if (rc != VMM_OK) {
+        violation("vmm_pool_begin(%" PRIu64 ") failed: %s", g->pool, vmm_last_error());
+        atomic_store(&R->capturing, 0);
+        pthread_rwlock_unlock(&R->oom_lock);
+        free(g);
+        return;
+    }
+    int mode = (int)rng_below(&t->r, 3);
+    rc = vmm_sim_capture_begin(R->a, R->cap_s, mode);
+    if (rc != VMM_OK)
+        violation("vmm_sim_capture_begin failed: %s", vmm_last_error());
+    size_t n = 2 + rng_below(&t->r, GRAPH_BLOCKS - 1);
+    size_t cap_max = R->max_size / 8 < 8 * MiB ? R->max_size / 8 : 8 * MiB;
+    for (size_t i = 0; i < n && rc == VMM_OK; i++) {
+        size_t size = 512 + rng_below(&t->r, cap_max > 1024 ? cap_max : 1024);
+        void *p = NULL;
+        int mrc = vmm_malloc(R->a, size, R->cap_s, &p);
+        if (mrc != VMM_OK) {
+            if (mrc == VMM_ENOMEM || (opt.faults > 0 && mrc == VMM_EDRIVER))
+                atomic_fetch_add(&R->c.capture_ooms, 1);
+            else
+                violation("vmm_malloc(%zu) during capture failed: %s (%s)", size, vmm_status_name(mrc),
+                          vmm_last_error());
+            continue;
+        }
+        block *b = calloc(1, sizeof *b);
+        if (!b)
+            abort();
+        b->id = atomic_fetch_add(&R->next_id, 1);
+        b->ptr = p;
+        b->size = size;
+        b->usable = vmm_usable_size(R->a, p);
+        b->stream = -1;
+        b->key = mix64(opt.seed ^ mix64(b->id) ^ 0x6a09e667u);
+        b->run = R;
+        atomic_init(&b->refs, 1);
+        uint64_t id0 = 0, id1 = 1;
+        if (vmm_pool_lookup(R->a, p, &id0, &id1) != VMM_OK || id0 != g->pool || id1)
+            violation("block allocated during capture at %p is not in its pool %" PRIu64, p, g->pool);
+        g->mem[g->nmem++] = (range){(uintptr_t)p, (uintptr_t)p + b->usable, b->id};
+        gfill *f = &g->fills[g->nmem - 1];
+        *f = (gfill){p, size, b->key};
+        /* captured: runs at each replay (an injected fault leaves it out: not an output then) */
+        int filled = vmm_sim_launch(R->a, R->cap_s, graph_fill, f) == VMM_OK;
+        if (filled && rng_below(&t->r, 2)) {
+            shadow_insert(R, b); /* an output: live until the graph goes */
+            g->outs[g->nouts++] = b;
+            continue;
+        }
+        if (rng_below(&t->r, 3) == 0) {
+            /* a forked stream of the capture uses it too; it is freed before that work is joined in
+             * replay order: the free must wait for the capture's end, then drop that use */
+            if (vmm_sim_stream_wait_stream(R->a, R->cap_s2, R->cap_s) == VMM_OK) {
+                if (vmm_record_stream(R->a, p, R->cap_s2) != VMM_OK && !(opt.faults > 0))
+                    violation("vmm_record_stream during capture failed: %s", vmm_last_error());
+                vmm_sim_launch(R->a, R->cap_s2, graph_fill, f);
+                if (vmm_sim_stream_wait_stream(R->a, R->cap_s, R->cap_s2) != VMM_OK && !(opt.faults > 0))
+                    violation("join of the forked capture stream failed: %s", vmm_last_error());
+            }
+        }
+        int frc = vmm_free(R->a, p);
+        if (frc != VMM_OK)
+            violation("vmm_free of a temporary during capture failed: %s", vmm_last_error());
+        free(b);
+    }
+    rc = vmm_sim_capture_end(R->a, R->cap_s, &g->g);
+    if (rc != VMM_OK)
+        violation("the capture was invalidated or failed (pool %" PRIu64 ", mode %d): %s", g->pool, mode,
+                  vmm_last_error());
+    if (vmm_pool_end(R->a, g->pool, 0) != VMM_OK)
+        violation("vmm_pool_end(%" PRIu64 ") failed: %s", g->pool, vmm_last_error());
+    atomic_store(&R->capturing, 0);
+    pthread_rwlock_unlock(&R->oom_lock);
+    atomic_fetch_add(&R->c.captures, 1);
+    atomic_fetch_add(&R->c.shared_pools, (uint64_t)shared);
+    pthread_rwlock_wrlock(&R->graph_mem_lock);
+    R->graphs[R->ngraphs++] = g;
+    pthread_rwlock_unlock(&R->graph_mem_lock);
+}
+
+static void graph_replay(run_t *R, thread_state *t)
+{
+    graph_rec *g = R->graphs[rng_below(&t->r, R->ngraphs)];
+    if (!g->g)
+        return; /* its capture failed */
+    int rc = vmm_sim_graph_launch(R->a, g->g, R->cap_s);
+    if (rc != VMM_OK)
+        violation("replay of the graph of pool %" PRIu64 " failed (its memory unmapped?): %s", g->pool,
+                  vmm_last_error());
+    else if (g->nouts)
+        vmm_sim_launch(R->a, R->cap_s, graph_verify, g); /* queued behind the replay */
+    atomic_fetch_add(&R->c.replays, 1);
+}
+
+static void graph_destroy(run_t *R, size_t k)
+{
+    graph_drain(R); /* no replay or verify of it queued any more */
+    pthread_rwlock_wrlock(&R->graph_mem_lock);
+    graph_rec *g = R->graphs[k];
+    R->graphs[k] = R->graphs[--R->ngraphs];
+    pthread_rwlock_unlock(&R->graph_mem_lock);
+    /* one reader: the outputs leave the shadow and the pool's memory moves together */
+    pthread_rwlock_rdlock(&R->oom_lock);
+    for (size_t i = 0; i < g->nouts; i++) {
+        block *b = g->outs[i];
+        shadow_remove(R, b);
+        int rc = VMM_OK;
+        for (int tries = 0; tries < FREE_TRIES; tries++)
+            if ((rc = vmm_free(R->a, b->ptr)) == VMM_OK)
+                break;
+        if (rc != VMM_OK)
+            violation("vmm_free of a graph output failed: %s", vmm_last_error());
+        free(b);
+    }
+    int rc = vmm_pool_release(R->a, g->pool, 0);
+    pthread_rwlock_unlock(&R->oom_lock);
+    if (rc != VMM_OK && !(opt.faults > 0 && rc == VMM_EDRIVER))
+        violation("vmm_pool_release(%" PRIu64 ") failed: %s", g->pool, vmm_last_error());
+    vmm_sim_graph_destroy(g->g);
+    free(g);
+    atomic_fetch_add(&R->c.graph_destroys, 1);
+}
+
+static void op_graph(run_t *R, thread_state *t)
+{
+    if (!R->is_sim || pthread_mutex_trylock(&R->graph_mu) != 0)
+        return;
+    uint64_t k = rng_below(&t->r, 10);
+    if (!R->ngraphs || (R->ngraphs < GRAPH_MAX && k < 4))
+        graph_capture(R, t);
+    else if (k < 8)
+        graph_replay(R, t);
+    else
+        graph_destroy(R, rng_below(&t->r, R->ngraphs));
+    pthread_mutex_unlock(&R->graph_mu);
+}
+
+/* Private pools hold memory the shadow does not see (their free blocks): bytes for OOM checks. */
+static size_t pool_free_bytes(run_t *R)
+{
+    static _Thread_local char json[65536];
+    if (vmm_stats_json(R->a, json, sizeof json) < 0)
+        return 0;
+    const char *r = strstr(json, "\"private_pools.reserved_bytes\":");
+    const char *a = strstr(json, "\"private_pools.allocated_bytes\":");
+    if (!r || !a)
+        return 0;
+    long long res = atoll(strchr(r, ':') + 1), alloc = atoll(strchr(a, ':') + 1);
+    return res > alloc ? (size_t)(res - alloc) : 0;
+}
+
 /* An OOM: retry with every other thread outside the allocator, then decide whether live memory
  * really left no room. Called without oom_lock held. Returns the retried pointer with oom_lock
  * still held (for writing), so that the caller enters it in the shadow before any other thread
@@ -614,6 +872,11 @@ static void *classify_oom(run_t *R, size_t size, int stream)
         size_t foot = shadow_footprint(R);
         uint64_t usable = R->shadow_usable;
         pthread_mutex_unlock(&R->shadow_mu);
+        /* --captures: private pools keep free memory only they reuse, and during a capture the
+         * allocator may not wait for pending frees (the OOM says so): not fragmentation */
+        int capturing = opt.captures > 0 && atomic_load(&R->capturing);
+        if (opt.captures > 0)
+            foot += pool_free_bytes(R);
         size_t need = round_up(size, R->page);
         if (!R->is_sim) {
             /* the real device's capacity and other users are unknown here: count only */
@@ -624,7 +887,8 @@ static void *classify_oom(run_t *R, size_t size, int stream)
             atomic_fetch_add(&R->c.naive_free_ooms, 1);
         if (foot + need <= R->limit) {
             atomic_fetch_add(&R->c.frag_ooms, 1);
-            if (R->expandable)
+            /* --sleep-every: tags keep their pages apart, the footprint above is too low */
+            if (R->expandable && !capturing && !opt.sleep_every)
                 violation("fragmentation OOM in expandable mode: request %zu (%zu in pages) on stream %d, "
                           "live blocks cover %zu bytes of pages, limit %zu: %s",
                           size, need, stream, foot, R->limit, err);
@@ -665,6 +929,8 @@ static void do_malloc(run_t *R, thread_state *t, size_t size, int huge, int s)
     atomic_init(&b->filled, 0);
     shadow_insert(R, b);
     pthread_rwlock_unlock(&R->oom_lock);
+    if (opt.captures > 0)
+        graph_mem_check(R, b);
     atomic_fetch_add(&R->live_bytes, size);
     if (R->is_sim)
         b->filled_ok = launch(R, s, launch_fill, b);
@@ -823,6 +1089,11 @@ static void op_zero(run_t *R)
 
 static void one_op(run_t *R, thread_state *t)
 {
+    if (opt.captures > 0 && rng_unit(&t->r) < opt.captures) {
+        op_graph(R, t);
+        atomic_fetch_add(&R->c.ops, 1);
+        return;
+    }
     uint64_t k = rng_below(&t->r, 1000);
     if (k < 500)
         op_malloc(R, t);
@@ -896,10 +1167,238 @@ static void phase_check(run_t *R, const char *when)
         violation("stats (%s): mapped_bytes.all.current = %" PRId64 " but the device maps %" PRIu64, when,
                   st.mapped_bytes[VMM_POOL_ALL].current, c.mapped_bytes);
     R->device_syncs = (int64_t)(c.device_syncs - R->our_syncs);
-    R->stream_syncs = (int64_t)c.stream_syncs;
-    if (R->expandable && (R->device_syncs > 0 || c.stream_syncs > 0))
+    if (opt.captures > 0) /* vmm_pool_release: one device sync when a pool's last user goes */
+        R->device_syncs -= st.num_sync_all_streams;
+    R->stream_syncs = (int64_t)(c.stream_syncs - R->our_stream_syncs);
+    if (R->expandable && (R->device_syncs > 0 || R->stream_syncs > 0))
         violation("synchronization in expandable mode (%s): %" PRId64 " device and %" PRIu64
                   " stream syncs by the allocator", when, R->device_syncs, c.stream_syncs);
+}
+
+/* ---- mapping callbacks (--map-callbacks) ---------------------------------------------------------
+ * after_map / before_unmap keep their own map of pages (their own mutex). At every phase boundary,
+ * with every thread outside the allocator, the map must equal the allocator's mapped pages
+ * (vmm_get_mappings, whose page table vmm_check has just compared with the driver's): same pages,
+ * same physical handles. before_unmap also checks the pages are still mapped when it runs. */
+
+typedef struct mapwatch {
+    pthread_mutex_t mu;
+    size_t n, cap;
+    uintptr_t *va;
+    uint64_t *h;
+    uint64_t errors, maps, unmaps;
+    size_t seen, differ; /* vmm_get_mappings pass */
+} mapwatch;
+
+static long mw_find(const mapwatch *m, uintptr_t va)
+{
+    for (size_t i = 0; i < m->n; i++)
+        if (m->va[i] == va)
+            return (long)i;
+    return -1;
+}
+
+static void mw_after_map(void *ctx, uintptr_t va, size_t size, int device, const uint64_t *h, size_t n)
+{
+    mapwatch *m = ctx;
+    pthread_mutex_lock(&m->mu);
+    m->maps++;
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t p = va + i * (size / n);
+        if (mw_find(m, p) >= 0 || !h[i]) {
+            m->errors++;
+            continue;
+        }
+        if (m->n == m->cap) {
+            m->cap = m->cap ? 2 * m->cap : 1024;
+            m->va = realloc(m->va, m->cap * sizeof *m->va);
+            m->h = realloc(m->h, m->cap * sizeof *m->h);
+            if (!m->va || !m->h)
+                abort();
+        }
+        m->va[m->n] = p;
+        m->h[m->n++] = h[i];
+    }
+    (void)device;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void mw_before_unmap(void *ctx, uintptr_t va, size_t size, int device, const uint64_t *h, size_t n)
+{
+    mapwatch *m = ctx;
+    pthread_mutex_lock(&m->mu);
+    m->unmaps++;
+    for (size_t i = 0; i < n; i++) {
+        long k = mw_find(m, va + i * (size / n));
+        if (k < 0 || m->h[k] != h[i]) {
+            m->errors++;
+            continue;
+        }
+        m->va[k] = m->va[m->n - 1];
+        m->h[k] = m->h[--m->n];
+    }
+    (void)device;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void mw_view(void *ctx, uintptr_t va, size_t size, int device, const uint64_t *h, size_t n)
+{
+    mapwatch *m = ctx;
+    for (size_t i = 0; i < n; i++) {
+        long k = mw_find(m, va + i * (size / n));
+        m->differ += k < 0 || m->h[k] != h[i];
+        m->seen++;
+    }
+    (void)device;
+}
+
+static void mapwatch_check(run_t *R, const char *when)
+{
+    mapwatch *m = R->mw;
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->seen = m->differ = 0;
+    int rc = vmm_get_mappings(R->a, mw_view, m);
+    if (rc != VMM_OK)
+        violation("vmm_get_mappings failed: %s", vmm_last_error());
+    else if (m->differ || m->seen != m->n || m->errors)
+        violation("mapping callbacks (%s): their map has %zu pages (%" PRIu64 " inconsistent notices), the "
+                  "allocator maps %zu, %zu of them differ", when, m->n, m->errors, m->seen, m->differ);
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void mapwatch_start(run_t *R)
+{
+    R->mw = calloc(1, sizeof *R->mw);
+    pthread_mutex_init(&R->mw->mu, NULL);
+    if (vmm_set_mapping_callbacks(R->a, mw_after_map, mw_before_unmap, R->mw) != VMM_OK)
+        violation("vmm_set_mapping_callbacks failed: %s", vmm_last_error());
+}
+
+/* After vmm_destroy: before_unmap came for every page. */
+static void mapwatch_end(run_t *R)
+{
+    mapwatch *m = R->mw;
+    if (!m)
+        return;
+    if (m->n || m->errors)
+        violation("mapping callbacks: %zu pages still in their map after vmm_destroy, %" PRIu64
+                  " inconsistent notices", m->n, m->errors);
+    free(m->va);
+    free(m->h);
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+    R->mw = NULL;
+}
+
+/* ---- sleep / wake cycles (--sleep-every) -----------------------------------------------------------
+ * Blocks get one of three tags (the tag changes at every phase boundary). Every N boundaries, with
+ * every thread outside the allocator, a random set of tags goes to sleep with backup; the checks
+ * then: vmm_check, the stats against the shadow (allocated unchanged, sleeping bytes at most what is
+ * allocated, reserved equal to what the device holds), an allocation under a sleeping tag refused;
+ * then a staged wake (one tag, checks, the rest). A wake that fails with faults injected is retried
+ * with faults off. Every byte is checked later by the verify launch each block gets at its free. */
+
+static const char *const stress_tags[3] = {"", "weights", "kv_cache"};
+
+static void sleep_checks(run_t *R, const char *when)
+{
+    int rc = vmm_check(R->a);
+    if (rc != VMM_OK)
+        violation("vmm_check (%s) failed: %s", when, vmm_last_error());
+    vmm_stats st;
+    if (vmm_get_stats(R->a, &st) != VMM_OK)
+        return;
+    pthread_mutex_lock(&R->shadow_mu);
+    uint64_t usable = R->shadow_usable;
+    pthread_mutex_unlock(&R->shadow_mu);
+    if ((uint64_t)st.allocated_bytes[VMM_POOL_ALL].current != usable)
+        violation("stats (%s): allocated_bytes %" PRId64 " but the live blocks' usable sizes sum to %" PRIu64,
+                  when, st.allocated_bytes[VMM_POOL_ALL].current, usable);
+    if (st.sleeping_bytes.current < 0 || (uint64_t)st.sleeping_bytes.current > usable)
+        violation("stats (%s): sleeping_bytes %" PRId64 " out of [0, %" PRIu64 "]", when,
+                  st.sleeping_bytes.current, usable);
+    vmm_sim_counters c;
+    if (R->is_sim && vmm_sim_get_counters(R->a, &c) == VMM_OK &&
+        c.phys_bytes != (uint64_t)st.reserved_bytes[VMM_POOL_ALL].current)
+        violation("stats (%s): reserved %" PRId64 " but the device holds %" PRIu64, when,
+                  st.reserved_bytes[VMM_POOL_ALL].current, c.phys_bytes);
+    if (opt.map_callbacks)
+        mapwatch_check(R, when);
+}
+
+static void faults_set(run_t *R, int on)
+{
+    if (R->is_sim && opt.faults > 0)
+        vmm_sim_fail_random(R->a, -1, on ? opt.faults : 0.0, opt.seed + R->phases);
+}
+
+static void sleep_cycle(run_t *R)
+{
+    rng r = {mix64(opt.seed ^ (R->phases * 0x9e37u))};
+    vmm_sim_counters c0;
+    if (R->is_sim)
+        vmm_sim_get_counters(R->a, &c0);
+    /* untagged blocks of classic mode live in cuMemAlloc segments, which cannot sleep */
+    int first = R->expandable ? 0 : 1;
+    const char *names[3];
+    size_t n = 0;
+    for (int t = first; t < 3; t++)
+        if (rng_below(&r, 2))
+            names[n++] = stress_tags[t];
+    if (!n)
+        names[n++] = stress_tags[2];
+    int rc = vmm_sleep(R->a, names, n, VMM_SLEEP_BACKUP | VMM_SLEEP_KEEP_HOST);
+    /* with faults: a copy or an unmap may fail (EDRIVER), pinning host memory too (EHOSTMEM) */
+    if (rc != VMM_OK && !(opt.faults > 0 && (is_clean_failure(rc) || rc == VMM_EHOSTMEM)))
+        violation("vmm_sleep failed: %s (%s)", vmm_status_name(rc), vmm_last_error());
+    if (rc == VMM_OK)
+        R->sleeps++;
+    sleep_checks(R, "asleep");
+    int asleep = vmm_is_asleep(R->a, names[0]);
+    if (asleep == 1) {
+        void *p = NULL;
+        vmm_set_tag(R->a, names[0]);
+        int mrc = vmm_malloc(R->a, 4096, R->streams[0], &p);
+        if (mrc != VMM_EINVAL)
+            violation("vmm_malloc under the sleeping tag \"%s\" gave %s, expected EINVAL", names[0],
+                      vmm_status_name(mrc));
+        if (p)
+            vmm_free(R->a, p);
+    }
+    /* staged wake: the first tag, then the rest */
+    for (int stage = 0; stage < 2; stage++) {
+        const char *const *w = stage == 0 ? names : NULL;
+        size_t wn = stage == 0 ? 1 : 0;
+        rc = vmm_wake(R->a, w, wn);
+        if (rc != VMM_OK) {
+            if (!(opt.faults > 0 && (is_clean_failure(rc) || rc == VMM_EHOSTMEM)))
+                violation("vmm_wake failed: %s (%s)", vmm_status_name(rc), vmm_last_error());
+            faults_set(R, 0);
+            R->wake_retries++;
+            rc = vmm_wake(R->a, w, wn);
+            faults_set(R, 1);
+            if (rc != VMM_OK)
+                violation("vmm_wake failed again with faults off: %s (%s)", vmm_status_name(rc),
+                          vmm_last_error());
+        }
+        if (rc == VMM_OK)
+            R->wakes++;
+        sleep_checks(R, stage == 0 ? "after a staged wake" : "awake");
+    }
+    for (int t = 0; t < 3; t++)
+        if (vmm_is_asleep(R->a, stress_tags[t]) == 1)
+            violation("tag \"%s\" still asleep after the wakes", stress_tags[t]);
+    /* the tag of the next phase's allocations */
+    vmm_set_tag(R->a, stress_tags[first + (int)rng_below(&r, (uint64_t)(3 - first))]);
+    /* wake frees a backup buffer it cannot reuse (cudaFreeHost synchronizes the device); waits the
+     * driver would not give an event for synchronize a stream: both are the cycle's, not malloc's */
+    vmm_sim_counters c1;
+    if (R->is_sim && vmm_sim_get_counters(R->a, &c1) == VMM_OK) {
+        R->our_syncs += c1.device_syncs - c0.device_syncs;
+        R->our_stream_syncs += c1.stream_syncs - c0.stream_syncs;
+    }
 }
 
 /* ---- threads ------------------------------------------------------------------------------------ */
@@ -923,6 +1422,10 @@ static void *worker(void *arg)
         int serial = pthread_barrier_wait(&R->barrier) == PTHREAD_BARRIER_SERIAL_THREAD;
         if (serial) {
             phase_check(R, "phase boundary");
+            if (opt.map_callbacks)
+                mapwatch_check(R, "phase boundary");
+            if (opt.sleep_every && ++R->phases % opt.sleep_every == 0)
+                sleep_cycle(R);
             double el = now_s() - R->t0;
             uint64_t ops = atomic_load(&R->c.ops);
             if ((opt.ops && ops >= opt.ops) || (opt.seconds > 0 && el >= opt.seconds) ||
@@ -1012,6 +1515,11 @@ static int setup(run_t *R, int expandable)
             }
         }
         R->streams[opt.streams] = NULL; /* default stream: hand-off target with --streams 1 */
+        if (opt.captures > 0 && (vmm_sim_stream_create(R->a, &R->cap_s) != VMM_OK ||
+                                 vmm_sim_stream_create(R->a, &R->cap_s2) != VMM_OK)) {
+            fprintf(stderr, "vmm-stress: vmm_sim_stream_create failed: %s\n", vmm_last_error());
+            return -1;
+        }
     } else {
         if (opt.faults > 0) {
             fprintf(stderr, "vmm-stress: --faults needs the simulated driver\n");
@@ -1035,6 +1543,8 @@ static int setup(run_t *R, int expandable)
         R->max_size = 512;
     pthread_mutex_init(&R->shadow_mu, NULL);
     pthread_mutex_init(&R->xchg_mu, NULL);
+    pthread_mutex_init(&R->graph_mu, NULL);
+    pthread_rwlock_init(&R->graph_mem_lock, NULL);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     /* Writers (OOM classification) must not starve behind a steady stream of readers. */
@@ -1057,6 +1567,8 @@ static void teardown_checks(run_t *R)
     for (size_t i = 0; i < R->nxchg; i++)
         live_push(&R->ts[0], R->xchg[i]);
     R->nxchg = 0;
+    while (R->ngraphs) /* graphs go first: their pools' memory returns at the last release */
+        graph_destroy(R, R->ngraphs - 1);
     for (int i = 0; i < opt.threads; i++) {
         thread_state *t = &R->ts[i];
         while (t->nlive) {
@@ -1121,6 +1633,10 @@ static double run_once(run_t *R, int expandable)
     if (setup(R, expandable) != 0)
         exit(2);
     R->ts = calloc((size_t)opt.threads, sizeof *R->ts);
+    if (opt.map_callbacks)
+        mapwatch_start(R);
+    for (int t = 2; opt.sleep_every && t >= 0; t--) /* every tag known; untagged first */
+        vmm_set_tag(R->a, stress_tags[t]);
     if (R->is_sim && opt.faults > 0)
         vmm_sim_fail_random(R->a, -1, opt.faults, opt.seed);
     R->t0 = g_t0 = now_s();
@@ -1147,6 +1663,7 @@ static double run_once(run_t *R, int expandable)
     teardown_checks(R);
     vmm_destroy(R->a);
     R->a = NULL;
+    mapwatch_end(R);
     for (int i = 0; i < opt.threads; i++)
         free(R->ts[i].live);
     free(R->ts);
@@ -1157,6 +1674,8 @@ static double run_once(run_t *R, int expandable)
     pthread_rwlock_destroy(&R->oom_lock);
     pthread_mutex_destroy(&R->shadow_mu);
     pthread_mutex_destroy(&R->xchg_mu);
+    pthread_mutex_destroy(&R->graph_mu);
+    pthread_rwlock_destroy(&R->graph_mem_lock);
     return elapsed;
 }
 
@@ -1175,19 +1694,33 @@ static void print_summary(const run_t *R, double secs, int json, FILE *f)
                 "\"ooms_with_free_bytes\":%llu,\"oom_retries_ok\":%llu,\"fault_ooms\":%llu,"
                 "\"injected_errors\":%llu,\"failed_launches\":%llu,\"event_waits\":%lld,\"pages_remapped\":%lld,"
                 "\"allocator_device_syncs\":%lld,\"allocator_stream_syncs\":%lld,\"final_empty_cache_rounds\":%d,"
-                "\"seconds\":%.3f}",
+                "\"captures\":%llu,\"replays\":%llu,\"graph_verifies\":%llu,\"graph_destroys\":%llu,"
+                "\"capture_ooms\":%llu,\"seconds\":%.3f}",
                 R->label, L(ops), L(mallocs), L(frees), L(handoffs), L(exchanges), L(empty_caches), L(verified),
                 L(bytes_verified), L(checks), (unsigned long long)R->peak_shadow_usable,
                 (long long)R->peak_allocated, (long long)R->peak_reserved, L(ooms), L(frag_ooms),
                 L(naive_free_ooms), L(oom_retry_ok), L(fault_ooms), L(injected_errors), L(launches_failed),
                 (long long)R->event_waits, (long long)R->pages_remapped, (long long)R->device_syncs,
-                (long long)R->stream_syncs, R->empty_rounds, secs);
+                (long long)R->stream_syncs, R->empty_rounds, L(captures), L(replays), L(graph_verifies),
+                L(graph_destroys), L(capture_ooms), secs);
         return;
     }
     fprintf(f, "%-10s %.1fs: %llu ops (%llu mallocs, %llu frees, %llu hand-offs, %llu cross-thread frees, "
                "%llu empty_cache), %llu blocks verified, %llu checks\n",
             R->label, secs, L(ops), L(mallocs), L(frees), L(handoffs), L(exchanges), L(empty_caches), L(verified),
             L(checks));
+    if (opt.captures > 0)
+        fprintf(f, "%-10s graphs: %llu captures (%llu into a shared pool, %llu allocations refused while "
+                   "capturing), %llu replays (%llu verified), %llu destroyed\n",
+                R->label, L(captures), L(shared_pools), L(capture_ooms), L(replays), L(graph_verifies),
+                L(graph_destroys));
+    if (opt.sleep_every)
+        fprintf(f, "%-10s sleep: %llu sleeps, %llu wakes (%llu retried with faults off)\n", R->label,
+                (unsigned long long)R->sleeps, (unsigned long long)R->wakes,
+                (unsigned long long)R->wake_retries);
+    if (opt.map_callbacks && R->mw)
+        fprintf(f, "%-10s mapping callbacks: %llu after_map, %llu before_unmap\n", R->label,
+                (unsigned long long)R->mw->maps, (unsigned long long)R->mw->unmaps);
     fprintf(f, "%-10s peak live %.1f MiB, peak allocated %.1f MiB, peak reserved %.1f MiB of %.1f MiB; "
                "OOMs %llu (fragmentation %llu, with free bytes %llu, fault-caused %llu), injected errors %llu, "
                "event waits %lld, pages remapped %lld\n",
@@ -1243,6 +1776,12 @@ static void usage(FILE *f)
             "  --keep-going        do not stop at the first phase with a violation\n"
             "  --json              print one JSON summary object on stdout\n"
             "  --quiet             no progress line\n"
+            "  --sleep-every N     every N phase boundaries, put random tags to sleep (backup) and wake\n"
+            "                      them in two stages; blocks are tagged per phase (see docs/stress.md)\n"
+            "  --map-callbacks     mapping callbacks keep a map of pages, checked against the allocator's\n"
+            "                      at every phase boundary\n"
+            "  --captures P        with probability P an op captures a CUDA graph into a private pool,\n"
+            "                      replays one or destroys one (sim only; see docs/stress.md)\n"
             "  --plant-bug skip-record-stream\n"
             "                      self-test: hand blocks to other streams without vmm_record_stream;\n"
             "                      the run must then report violations\n");
@@ -1266,6 +1805,12 @@ static void build_repro(char **argv)
                               opt.expandable ? "true" : "false");
     if (opt.plant_skip_record && n < sizeof repro_cmd)
         n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --plant-bug skip-record-stream");
+    if (opt.captures > 0 && n < sizeof repro_cmd)
+        n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --captures %g", opt.captures);
+    if (opt.sleep_every && n < sizeof repro_cmd)
+        n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --sleep-every %" PRIu64, opt.sleep_every);
+    if (opt.map_callbacks && n < sizeof repro_cmd)
+        n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --map-callbacks");
     if (opt.compare && n < sizeof repro_cmd)
         n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --compare");
     if (opt.conf[0] && n < sizeof repro_cmd)
@@ -1291,6 +1836,8 @@ static int parse_args(int argc, char **argv)
             opt.keep_going = 1, used = 0;
         } else if (!strcmp(a, "--quiet")) {
             opt.quiet = 1, used = 0;
+        } else if (!strcmp(a, "--map-callbacks")) {
+            opt.map_callbacks = 1, used = 0;
         } else if (!v) {
             bad = 1;
         } else if (!strcmp(a, "--seed")) {
@@ -1320,6 +1867,10 @@ static int parse_args(int argc, char **argv)
             opt.check_every = strtoull(v, NULL, 0), bad = opt.check_every == 0;
         } else if (!strcmp(a, "--conf")) {
             opt.conf = v;
+        } else if (!strcmp(a, "--sleep-every")) {
+            opt.sleep_every = strtoull(v, NULL, 0), bad = opt.sleep_every == 0;
+        } else if (!strcmp(a, "--captures")) {
+            opt.captures = atof(v), bad = !(opt.captures >= 0 && opt.captures <= 1);
         } else if (!strcmp(a, "--plant-bug")) {
             bad = strcmp(v, "skip-record-stream") != 0;
             opt.plant_skip_record = 1;

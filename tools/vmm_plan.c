@@ -10,13 +10,18 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: vmm-plan FILE [--algo NAME] [--time-limit S] [--capacity B] [--threads N]\n"
-            "                [--output OUT.csv] [--json] [--plot FILE.svg]\n"
+            "usage: vmm-plan FILE [--algo NAME] [--time-limit S] [--node-limit N] [--capacity B]\n"
+            "                [--threads N] [--output OUT.csv] [--json] [--plot FILE.svg]\n"
             "  FILE        id,lower,upper,size[,alignment][,group] CSV, or a trace CSV\n"
             "              (action,addr,size,stream[,time_us]); lifetimes are [lower, upper)\n"
             "  --algo      naive, greedy, greedy-size, tree, heuristics, exact, best (default)\n"
             "  --time-limit seconds for the exact search (default 10)\n"
+            "  --node-limit stop the exact search after N nodes (default: none); the search is\n"
+            "              anytime: a run cut by either limit keeps the best plan found so far,\n"
+            "              and N nodes give the same arena on any machine and at any load\n"
             "  --capacity  bytes the plan must fit in (exact/best stop at the first plan that does)\n"
+            "  --threads   worker threads (default: CPUs); with 2 or more, exact/best run their\n"
+            "              two searches side by side\n"
             "  --output    write the plan (input columns plus offset); '-' for stdout\n"
             "  --json      print one JSON object instead of the text summary\n"
             "  --plot      write the placement as an SVG picture\n");
@@ -58,6 +63,15 @@ int main(int argc, char **argv)
                 fprintf(stderr, "vmm-plan: bad --time-limit '%s'\n", v);
                 return 2;
             }
+            i++;
+        } else if (strcmp(a, "--node-limit") == 0 && v) {
+            char *end;
+            unsigned long long nl = strtoull(v, &end, 10);
+            if (end == v || *end || v[0] == '-') {
+                fprintf(stderr, "vmm-plan: bad --node-limit '%s'\n", v);
+                return 2;
+            }
+            opt.node_limit = nl;
             i++;
         } else if (strcmp(a, "--capacity") == 0 && v) {
             char *end;

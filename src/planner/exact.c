@@ -24,8 +24,27 @@
  *
  * Search orders: the preorder rank breaks ties between equal resting heights and decides which
  * plans of equal offsets are canonical. Like MiniMalloc we try three preorders round robin with a
- * node limit that doubles each round, since one order often finds a plan quickly where another
- * wanders; a completed search under any order proves infeasibility. */
+ * node limit that doubles each round ("level" k: each order with 2(n+1) << k nodes), since one
+ * order often finds a plan quickly where another wanders; a completed search under any order
+ * proves infeasibility.
+ *
+ * Minimising runs two searches (plan_exact, at the bottom). The bound search works on the lowest
+ * cap not proven impossible, the lower bound at first: one level after another, resuming where it
+ * stopped; a plan there is optimal, and on the MiniMalloc instances that is where the plans at
+ * capacity come from. The improving search probes caps between what it proved impossible and its
+ * best plan, many short searches at varied caps (improve_step), and finds the plans below the
+ * heuristics' where the bound is out of reach. With two threads they run side by side, else they
+ * take turns on one, node for node.
+ *
+ * Anytime: each search is a fixed sequence of feasibility tests whose sizes are counted in nodes,
+ * never in seconds, and the two share nothing but the news that one holds a plan proven optimal.
+ * The time limit (or a node limit) only cuts the sequences short and the best plan found so far
+ * is kept, so the plan a run returns is the one any longer run had when its searches were as many
+ * nodes in, on any machine and under any load. (Before, each cap probed while minimising got a
+ * share of the time left, the lower bound a tenth: a shorter limit searched differently, and at
+ * 6 s five of MiniMalloc's eleven instances stayed above capacity.) */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,6 +58,8 @@ enum {
     EXACT_CLOCK_EVERY = 256,
     /* Preorders tried round robin (see the top comment). */
     EXACT_ORDERS = 3,
+    /* Levels above this would overflow the node limit; a run never gets there. */
+    EXACT_MAX_LEVEL = 40,
 };
 
 enum xs_status { XS_FOUND = 0, XS_NONE = 1, XS_LIMIT = 2, XS_STOP = 3 };
@@ -63,6 +84,8 @@ typedef struct xs {
     uint32_t *nb_start, *nb;    /* conflict lists, CSR by item */
     uint32_t *sl_start, *sl;    /* items live in each slot, CSR by slot */
     uint32_t *rank;             /* preorder rank per item */
+    uint32_t *wit;              /* per slot, a cache: an item live there that last showed the
+                                 * floor to be low enough (unplaced, resting at most the floor) */
     /* state */
     uint64_t *rest;             /* resting height of unplaced items */
     uint64_t *pos;              /* offset, or NO_POS */
@@ -81,8 +104,11 @@ typedef struct xs {
     uint64_t cap;
     int order;                  /* the preorder in use (rank_items) */
     uint64_t nodes, budget;     /* budget: nodes left before XS_LIMIT */
+    uint64_t node_limit;        /* stop once this many nodes were visited (UINT64_MAX: none) */
     double deadline;
-    int oom, timeout;
+    atomic_int *halt;           /* set when the other search made this one pointless */
+    int oom, stopped;           /* stopped: deadline, node limit or halt */
+    int clone;                  /* the lists above the state belong to another xs */
 } xs;
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem)
@@ -110,20 +136,29 @@ static int undo_push(xs *s, uint32_t what, uint64_t old)
     return 0;
 }
 
-/* Put item b at y; record every change on the undo stack. */
-static void place(xs *s, uint32_t b, uint64_t y)
+/* Put item b at y, in two steps; record every change on the undo stack. place_own: b's own
+ * slots (their floor, their unplaced bytes). place_rest: the resting heights b lifts and the floors
+ * that follow, the cuts. Floors only rise in the second step, so when the slot inference already
+ * fails after the first (most candidates tried), the second is not needed. */
+static void place_own(xs *s, uint32_t b, uint64_t y)
 {
     const plan_item *it = &s->c->items[b];
     uint64_t top = y + it->size;
-    size_t naff = 0;
     s->pos[b] = y;
-    s->stamp_now++;
     for (uint32_t t = it->lo; t < it->hi; t++) {
         if (undo_push(s, t | UNDO_SLOT, s->floor[t]))
             return;
         s->floor[t] = top;
         s->total[t] -= it->size;
     }
+}
+
+static void place_rest(xs *s, uint32_t b, uint64_t y)
+{
+    const plan_item *it = &s->c->items[b];
+    uint64_t top = y + it->size;
+    size_t naff = 0;
+    s->stamp_now++;
     for (uint32_t k = s->nb_start[b]; k < s->nb_start[b + 1]; k++) {
         uint32_t j = s->nb[k];
         if (s->pos[j] != NO_POS || s->rest[j] >= top)
@@ -141,13 +176,18 @@ static void place(xs *s, uint32_t b, uint64_t y)
             }
     }
     for (size_t k = 0; k < naff; k++) {
-        uint32_t t = s->affected[k];
+        uint32_t t = s->affected[k], w = s->wit[t];
         uint64_t m = UINT64_MAX, f = s->floor[t];
+        if (s->pos[w] == NO_POS && s->rest[w] <= f)
+            continue; /* the floor stands: what the scan below would find at once */
         for (uint32_t e = s->sl_start[t]; e < s->sl_start[t + 1] && m > f; e++) {
             uint32_t j = s->sl[e];
-            if (s->pos[j] == NO_POS && s->rest[j] < m)
+            if (s->pos[j] == NO_POS && s->rest[j] < m) {
                 m = s->rest[j];
+                w = j;
+            }
         }
+        s->wit[t] = w;
         if (m != UINT64_MAX && f < m) {
             if (undo_push(s, t | UNDO_SLOT, f))
                 return;
@@ -158,7 +198,8 @@ static void place(xs *s, uint32_t b, uint64_t y)
         s->cuts[t]--;
 }
 
-static void unplace(xs *s, uint32_t b, size_t mark)
+/* Undo place_own and, when rest, place_rest. */
+static void unplace(xs *s, uint32_t b, size_t mark, int rest)
 {
     const plan_item *it = &s->c->items[b];
     while (s->nundo > mark) {
@@ -170,7 +211,7 @@ static void unplace(xs *s, uint32_t b, size_t mark)
     }
     for (uint32_t t = it->lo; t < it->hi; t++)
         s->total[t] += it->size;
-    for (uint32_t t = it->lo; t + 1 < it->hi; t++)
+    for (uint32_t t = it->lo; rest && t + 1 < it->hi; t++)
         s->cuts[t]++;
     s->pos[b] = NO_POS;
 }
@@ -267,11 +308,13 @@ static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t sh
 {
     if (s->budget == 0)
         return XS_LIMIT;
-    s->budget--;
-    if (++s->nodes % EXACT_CLOCK_EVERY == 0 && plan_now() > s->deadline) {
-        s->timeout = 1;
+    if (s->nodes >= s->node_limit || atomic_load_explicit(s->halt, memory_order_relaxed) ||
+        (s->nodes % EXACT_CLOCK_EVERY == 0 && plan_now() > s->deadline)) {
+        s->stopped = 1;
         return XS_STOP;
     }
+    s->budget--;
+    s->nodes++;
     size_t cbase = s->ncs;
     if (grow((void **)&s->cs, &s->capcs, s->ncs + pn, sizeof *s->cs)) {
         s->oom = 1;
@@ -301,13 +344,17 @@ static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t sh
         if (cd.off < last_off || (cd.off == last_off && cd.rank < last_rank))
             continue; /* not canonical */
         size_t mark = s->nundo;
-        place(s, cd.item, cd.off);
-        int r = XS_NONE;
+        int r = XS_NONE, rest = 0;
+        place_own(s, cd.item, cd.off);
+        if (!s->oom && slots_fit(s, slo, shi, cd.off)) {
+            place_rest(s, cd.item, cd.off);
+            rest = 1;
+            if (!s->oom && slots_fit(s, slo, shi, cd.off))
+                r = split_and_search(s, pbase, pn, slo, shi, cd.off, cd.rank, 1);
+        }
         if (s->oom)
             r = XS_STOP;
-        else if (slots_fit(s, slo, shi, cd.off))
-            r = split_and_search(s, pbase, pn, slo, shi, cd.off, cd.rank, 1);
-        unplace(s, cd.item, mark);
+        unplace(s, cd.item, mark, rest);
         if (r == XS_FOUND)
             s->sol[cd.item] = cd.off;
         if (r != XS_NONE) {
@@ -374,11 +421,14 @@ static int rank_items(xs *s, const uint32_t *items, size_t m)
 
 static void xs_free(xs *s)
 {
-    free(s->nb_start);
-    free(s->nb);
-    free(s->sl_start);
-    free(s->sl);
+    if (!s->clone) {
+        free(s->nb_start);
+        free(s->nb);
+        free(s->sl_start);
+        free(s->sl);
+    }
     free(s->rank);
+    free(s->wit);
     free(s->rest);
     free(s->pos);
     free(s->sol);
@@ -408,6 +458,7 @@ static int xs_init(xs *s, const plan_ctx *c)
     s->nb_start = calloc(n + 1, sizeof *s->nb_start);
     s->sl_start = calloc((size_t)c->slots + 1, sizeof *s->sl_start);
     s->rank = calloc(nn, sizeof *s->rank);
+    s->wit = calloc(c->slots, sizeof *s->wit);
     s->rest = calloc(nn, sizeof *s->rest);
     s->pos = malloc(nn * sizeof *s->pos);
     s->sol = calloc(nn, sizeof *s->sol);
@@ -420,7 +471,7 @@ static int xs_init(xs *s, const plan_ctx *c)
     size_t nfill = nn > c->slots ? nn : c->slots; /* per slot first, then per item */
     uint32_t *fill = calloc(nfill, sizeof *fill);
     int rc = VMM_OK;
-    if (!s->nb_start || !s->sl_start || !s->rank || !s->rest || !s->pos || !s->sol || !s->floor || !s->total ||
+    if (!s->nb_start || !s->sl_start || !s->wit || !s->rank || !s->rest || !s->pos || !s->sol || !s->floor || !s->total ||
         !s->cuts || !s->stamp || !s->affected || !bylo || !fill) {
         rc = VMM_EHOSTMEM;
         goto out;
@@ -452,6 +503,8 @@ static int xs_init(xs *s, const plan_ctx *c)
     for (size_t i = 0; i < n; i++)
         for (uint32_t t = c->items[i].lo; t < c->items[i].hi; t++)
             s->sl[s->sl_start[t] + fill[t]++] = (uint32_t)i;
+    for (uint32_t t = 0; t < c->slots; t++) /* a witness must be live in its slot */
+        s->wit[t] = s->sl_start[t + 1] > s->sl_start[t] ? s->sl[s->sl_start[t]] : 0;
     /* Conflicts by a sweep in lifetime-start order: j after i conflicts while lo_j < hi_i. */
     qsort(bylo, n, sizeof *bylo, cmp_by_lo);
     size_t total = 0;
@@ -493,15 +546,62 @@ out:
     return rc;
 }
 
-/* Is there a plan within cap by the deadline? XS_FOUND (s->sol holds it), XS_NONE (proven not),
- * XS_STOP (time or memory ran out). */
-static int feasible(xs *s, uint64_t cap, double deadline)
+/* A second search state over s's lists (which it shares; s must not be searching). */
+static int xs_clone(xs *d, const xs *s)
+{
+    size_t nn = s->n ? s->n : 1, ns = s->slots;
+    memset(d, 0, sizeof *d);
+    d->c = s->c;
+    d->n = s->n;
+    d->slots = s->slots;
+    d->nb_start = s->nb_start;
+    d->nb = s->nb;
+    d->sl_start = s->sl_start;
+    d->sl = s->sl;
+    d->clone = 1;
+    d->rank = calloc(nn, sizeof *d->rank);
+    d->wit = malloc(ns * sizeof *d->wit);
+    d->rest = malloc(nn * sizeof *d->rest);
+    d->pos = malloc(nn * sizeof *d->pos);
+    d->sol = calloc(nn, sizeof *d->sol);
+    d->floor = malloc(ns * sizeof *d->floor);
+    d->total = malloc(ns * sizeof *d->total);
+    d->cuts = malloc(ns * sizeof *d->cuts);
+    d->stamp = calloc(ns, sizeof *d->stamp);
+    d->affected = calloc(ns, sizeof *d->affected);
+    if (!d->rank || !d->wit || !d->rest || !d->pos || !d->sol || !d->floor || !d->total ||
+        !d->cuts || !d->stamp || !d->affected)
+        return VMM_EHOSTMEM;
+    memcpy(d->rest, s->rest, nn * sizeof *d->rest);
+    memcpy(d->pos, s->pos, nn * sizeof *d->pos);
+    memcpy(d->floor, s->floor, ns * sizeof *d->floor);
+    memcpy(d->total, s->total, ns * sizeof *d->total);
+    memcpy(d->cuts, s->cuts, ns * sizeof *d->cuts);
+    memcpy(d->wit, s->wit, ns * sizeof *d->wit);
+    return VMM_OK;
+}
+
+/* Stop here? Checked before every search with the rule used inside it (on the node count before
+ * the next node), so a run stopped by a node limit stops where a run stopped by time after as many
+ * nodes did. */
+static int xs_stop(xs *s)
+{
+    if (!s->stopped && (s->nodes >= s->node_limit || atomic_load_explicit(s->halt, memory_order_relaxed) ||
+                        plan_now() > s->deadline))
+        s->stopped = 1;
+    return s->stopped;
+}
+
+/* Is there a plan within cap? Levels lv0..lv1 of the round robin (top comment). XS_FOUND (s->sol
+ * holds it), XS_NONE (proven not), XS_LIMIT (level lv1 ran out of nodes), XS_STOP (stopped, or
+ * out of memory). */
+static int feasible(xs *s, uint64_t cap, int lv0, int lv1)
 {
     s->cap = cap;
-    s->deadline = deadline;
-    s->timeout = 0;
     if (cap < s->c->lower_bound)
         return XS_NONE;
+    if (xs_stop(s))
+        return XS_STOP;
     size_t pn = s->n;
     if (grow((void **)&s->parts, &s->capparts, pn, sizeof *s->parts)) {
         s->oom = 1;
@@ -510,20 +610,145 @@ static int feasible(xs *s, uint64_t cap, double deadline)
     for (size_t i = 0; i < pn; i++)
         s->parts[i] = (uint32_t)i;
     s->nparts = pn;
-    /* Round robin over the preorders, the node budget doubling each round. */
-    for (uint64_t limit = 2 * (uint64_t)(s->n + 1);; limit *= 2) {
+    for (int lv = lv0; lv <= lv1 && lv <= EXACT_MAX_LEVEL; lv++)
         for (int o = 0; o < EXACT_ORDERS; o++) {
             s->order = o;
-            s->budget = limit;
+            s->budget = 2 * (uint64_t)(s->n + 1) << lv;
             int st = split_and_search(s, 0, pn, 0, s->slots, 0, 0, 2);
             if (st != XS_LIMIT)
                 return st;
         }
+    return XS_LIMIT;
+}
+
+/* ---- minimising: two searches ------------------------------------------------------------------ */
+
+/* What the two searches tell each other. Only ever used to stop one when the other holds a plan
+ * proven optimal, so it never changes which plan a run returns, only how soon. */
+typedef struct exact_shared {
+    atomic_uint_fast64_t bound_cap;    /* the bound search's cap: every lower cap is impossible */
+    atomic_uint_fast64_t improve_best; /* the improving search's arena */
+    atomic_int halt_bound, halt_improve;
+} exact_shared;
+
+/* The bound search: the lowest cap not proven impossible, one level of its round robin a step;
+ * a plan there is optimal. */
+typedef struct bound_search {
+    xs *s;
+    exact_shared *sh;
+    uint64_t cap;
+    int level, found, done;
+} bound_search;
+
+static void bound_step(bound_search *b)
+{
+    if (atomic_load(&b->sh->improve_best) <= b->cap || b->level > EXACT_MAX_LEVEL) {
+        b->done = 1; /* the improving search's plan is optimal, or the search is exhausted */
+        return;
+    }
+    int st = feasible(b->s, b->cap, b->level, b->level);
+    if (st == XS_FOUND) {
+        b->found = b->done = 1;
+        atomic_store(&b->sh->halt_improve, 1);
+    } else if (st == XS_NONE) {
+        b->cap++;
+        b->level = 0;
+        atomic_store(&b->sh->bound_cap, b->cap);
+    } else if (st == XS_LIMIT) {
+        b->level++;
+    } else {
+        b->done = 1;
     }
 }
 
-int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, double deadline, uint64_t *off,
-               plan_exact_out *out)
+/* The improving search: bisects the caps between what it proved impossible and its best plan,
+ * the split point of each probe drawn between a quarter and three quarters of the interval by a
+ * fixed pseudo-random sequence; a probe that runs out of nodes moves the bisection up, a plan
+ * moves the top down, and when the interval left is small it starts again from the bottom. The
+ * probes get node limits by Luby's sequence (1 1 2 1 1 2 4 ... levels 0 0 1 0 0 1 2 ...): how
+ * hard a cap is to search varies wildly between nearby caps, so many short probes at varied caps,
+ * with now and then a longer one, find plans far sooner than a few long ones. */
+typedef struct improve_search {
+    xs *s;
+    exact_shared *sh;
+    uint64_t *off;     /* its best plan */
+    uint64_t best;     /* its arena (UINT64_MAX: none) */
+    uint64_t none_max; /* every cap up to it is proven impossible */
+    uint64_t lo;       /* bisection: the lowest cap left in this pass */
+    uint64_t probes;
+    int done;
+} improve_search;
+
+enum {
+    /* A bisection pass ends when the interval left is below 1/2^IMPROVE_PASS_SHIFT of the whole. */
+    IMPROVE_PASS_SHIFT = 5,
+};
+
+/* Level of probe i (from 0) by Luby's sequence: 0 0 1 0 0 1 2 0 0 1 0 0 1 2 3 ... */
+static int luby_level(uint64_t i)
+{
+    uint64_t x = i + 1;
+    for (;;) {
+        int k = 1;
+        while (k < 63 && ((UINT64_C(1) << k) - 1) < x)
+            k++;
+        if (x == (UINT64_C(1) << k) - 1)
+            return k - 1;
+        x -= (UINT64_C(1) << (k - 1)) - 1;
+    }
+}
+
+/* splitmix64: a fixed pseudo-random sequence (the same on every run and platform). */
+static uint64_t mix64(uint64_t x)
+{
+    x += UINT64_C(0x9E3779B97F4A7C15);
+    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return x ^ (x >> 31);
+}
+
+static void improve_step(improve_search *m)
+{
+    uint64_t low = m->none_max + 1;
+    if (low >= m->best || m->best <= atomic_load(&m->sh->bound_cap)) {
+        m->done = 1; /* its plan is optimal */
+        atomic_store(&m->sh->halt_bound, 1);
+        return;
+    }
+    uint64_t pass_end = (m->best - low) >> IMPROVE_PASS_SHIFT;
+    if (m->lo < low || m->lo + pass_end >= m->best)
+        m->lo = low; /* a new pass */
+    /* a cap in [lo, best - 1], frac/1024 of the way, frac in [256, 768] */
+    uint64_t span = m->best - 1 - m->lo, frac = 256 + mix64(m->probes) % 513;
+    uint64_t cap = m->lo + span / 1024 * frac + span % 1024 * frac / 1024;
+    int lv = luby_level(m->probes);
+    m->probes++;
+    int st = feasible(m->s, cap, lv, lv);
+    if (st == XS_FOUND) {
+        uint64_t a = plan_arena(m->s->c, m->s->sol);
+        if (a < m->best) {
+            memcpy(m->off, m->s->sol, m->s->c->n * sizeof *m->off);
+            m->best = a;
+            atomic_store(&m->sh->improve_best, a);
+        }
+    } else if (st == XS_NONE || st == XS_LIMIT) {
+        if (st == XS_NONE && cap > m->none_max)
+            m->none_max = cap;
+        m->lo = cap + 1;
+    } else {
+        m->done = 1;
+    }
+}
+
+static void *improve_main(void *arg)
+{
+    improve_search *m = arg;
+    while (!m->done)
+        improve_step(m);
+    return NULL;
+}
+
+int plan_exact(const plan_ctx *c, const uint64_t *seed, const plan_exact_in *in, uint64_t *off, plan_exact_out *out)
 {
     memset(out, 0, sizeof *out);
     uint64_t seed_arena = seed ? plan_arena(c, seed) : UINT64_MAX;
@@ -533,24 +758,45 @@ int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, doubl
         out->optimal = 1;
         return VMM_OK;
     }
-    if ((capacity && seed_arena <= capacity) || seed_arena <= c->lower_bound) {
+    if ((in->capacity && seed_arena <= in->capacity) || seed_arena <= c->lower_bound) {
         out->optimal = seed_arena <= c->lower_bound;
         return VMM_OK;
     }
-    xs s;
+    xs s, t;
     memset(&s, 0, sizeof s);
+    memset(&t, 0, sizeof t);
+    t.clone = 1;
+    exact_shared sh;
+    atomic_init(&sh.bound_cap, c->lower_bound);
+    atomic_init(&sh.improve_best, seed_arena);
+    atomic_init(&sh.halt_bound, 0);
+    atomic_init(&sh.halt_improve, 0);
+    uint64_t *ioff = NULL;
     int rc = xs_init(&s, c);
     if (rc == 1) { /* too dense: keep the seed */
         xs_free(&s);
         return seed ? VMM_OK : plan_naive(c, off);
     }
+    if (!rc && !in->capacity) {
+        rc = xs_clone(&t, &s);
+        ioff = malloc(c->n * sizeof *ioff);
+        if (!ioff)
+            rc = VMM_EHOSTMEM;
+    }
     if (rc) {
         xs_free(&s);
+        xs_free(&t);
+        free(ioff);
         return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
     }
+    s.deadline = t.deadline = in->deadline;
+    s.node_limit = in->node_limit[0];
+    t.node_limit = in->node_limit[1];
+    s.halt = &sh.halt_bound;
+    t.halt = &sh.halt_improve;
     uint64_t best = seed_arena;
-    if (capacity) {
-        int st = feasible(&s, capacity, deadline);
+    if (in->capacity) {
+        int st = feasible(&s, in->capacity, 0, EXACT_MAX_LEVEL);
         if (st == XS_FOUND) {
             memcpy(off, s.sol, c->n * sizeof *off);
             best = plan_arena(c, off);
@@ -558,33 +804,46 @@ int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, doubl
         out->infeasible = st == XS_NONE;
         out->optimal = out->infeasible;
     } else {
-        /* Minimise: bisect the caps between the lowest one worth trying and the best plan,
-         * each probe with a third of the time left (the bound, tried first, a tenth: it prunes
-         * hardest and is met quickly or not at all). A probe that runs out of time moves the
-         * search up, unproven; every cap up to none_max is proven to have no plan. */
-        uint64_t try_lo = c->lower_bound, none_max = c->lower_bound - 1;
-        int first = 1;
-        while (try_lo < best && !s.oom) {
-            double now = plan_now();
-            if (now >= deadline)
-                break;
-            uint64_t mid = first ? try_lo : try_lo + (best - 1 - try_lo) / 2;
-            int st = feasible(&s, mid, now + (deadline - now) / (first ? 10 : 3));
-            first = 0;
-            if (st == XS_FOUND) {
-                memcpy(off, s.sol, c->n * sizeof *off);
-                best = plan_arena(c, off);
-            } else {
-                if (st == XS_NONE && mid > none_max)
-                    none_max = mid;
-                try_lo = mid + 1;
+        /* Minimise with the two searches (top comment): each visits its nodes in the same order
+         * whatever the limits, so a run's arena is a function of the node counts they reached
+         * (when both reach an optimum, which of the two plans comes back may depend on timing).
+         * With two threads they run side by side, else they take turns, fewer nodes first. */
+        bound_search b = {&s, &sh, c->lower_bound, 0, 0, 0};
+        improve_search m = {&t, &sh, ioff, seed_arena, c->lower_bound - 1, c->lower_bound, 0, 0};
+        if (seed)
+            memcpy(ioff, seed, c->n * sizeof *ioff);
+        pthread_t th;
+        int threaded = in->threads >= 2 && pthread_create(&th, NULL, improve_main, &m) == 0;
+        if (threaded) {
+            while (!b.done)
+                bound_step(&b);
+            pthread_join(th, NULL);
+        } else {
+            while (!b.done || !m.done) {
+                if (!b.done && (m.done || s.nodes <= t.nodes))
+                    bound_step(&b);
+                else
+                    improve_step(&m);
             }
         }
-        out->optimal = none_max + 1 >= best;
+        if (b.found) {
+            memcpy(off, s.sol, c->n * sizeof *off);
+            best = plan_arena(c, off);
+        }
+        if (m.best < best) {
+            memcpy(off, m.off, c->n * sizeof *off);
+            best = m.best;
+        }
+        uint64_t proven = b.cap > m.none_max + 1 ? b.cap : m.none_max + 1; /* every lower cap impossible */
+        out->optimal = best <= proven;
     }
-    out->nodes = s.nodes;
-    int oom = s.oom;
+    out->search_nodes[0] = s.nodes;
+    out->search_nodes[1] = t.nodes;
+    out->nodes = s.nodes + t.nodes;
+    int oom = s.oom || t.oom;
     xs_free(&s);
+    xs_free(&t);
+    free(ioff);
     if (best == UINT64_MAX)
         return plan_naive(c, off);
     if (oom)

@@ -80,14 +80,25 @@ int plan_heuristics(const plan_ctx *c, int threads, uint64_t *off, char *winner,
 int plan_improve(const plan_ctx *c, uint64_t target, double deadline, uint64_t *off);
 
 /* ---- exact.c -------------------------------------------------------------------------------- */
+typedef struct plan_exact_in {
+    uint64_t capacity;      /* 0: minimise; else stop at the first plan within it */
+    double deadline;        /* plan_now() time */
+    uint64_t node_limit[2]; /* nodes the bound search and the improving search may visit (with a
+                             * capacity: [0] for the one search); UINT64_MAX: no limit */
+    int threads;            /* >= 2: minimising runs its two searches on two threads */
+} plan_exact_in;
 typedef struct plan_exact_out {
     int optimal;     /* the search finished: off is minimal (or capacity proven infeasible) */
     int infeasible;  /* capacity given and proven impossible */
-    uint64_t nodes;
+    uint64_t nodes;  /* both searches */
+    uint64_t search_nodes[2]; /* the bound search's, the improving search's */
 } plan_exact_out;
-/* Search from seed (a valid plan, may be NULL) for a smaller arena; with capacity != 0 stop at the
- * first plan fitting it. off gets the best plan (the seed when nothing better is found). */
-int plan_exact(const plan_ctx *c, const uint64_t *seed, uint64_t capacity, double deadline,
-               uint64_t *off, plan_exact_out *out);
+/* Search from seed (a valid plan, may be NULL) for a smaller arena; with a capacity stop at the
+ * first plan fitting it. off gets the best plan (the seed when nothing better is found). The
+ * search is anytime (exact.c): each of its searches visits the same nodes in the same order
+ * whatever the deadline and node limits, and the plan returned is the best one they found by the
+ * node counts they reached (out->search_nodes); node limits of those counts give the same arena. */
+int plan_exact(const plan_ctx *c, const uint64_t *seed, const plan_exact_in *in, uint64_t *off,
+               plan_exact_out *out);
 
 #endif /* VMM_PLANNER_H */

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "planner.h"
 
@@ -291,8 +292,17 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, double t0, uin
     if (!seed)
         return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
     memcpy(seed, off, c->n * sizeof *seed);
-    plan_exact_out eo = {0, 0, 0};
-    rc = plan_exact(c, seed, o->capacity, t0 + o->time_limit_s, off, &eo);
+    plan_exact_in ei = {o->capacity, t0 + o->time_limit_s, {UINT64_MAX, UINT64_MAX}, o->threads};
+    if (o->node_limit && o->capacity)
+        ei.node_limit[0] = o->node_limit;
+    else if (o->node_limit) /* in all: half each */
+        ei.node_limit[0] = o->node_limit - o->node_limit / 2, ei.node_limit[1] = o->node_limit / 2;
+    if (ei.threads <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        ei.threads = cpus > 0 ? (int)cpus : 1;
+    }
+    plan_exact_out eo;
+    rc = plan_exact(c, seed, &ei, off, &eo);
     free(seed);
     r->nodes = eo.nodes;
     if (!rc && plan_arena(c, off) < arena)
