@@ -387,7 +387,9 @@ VMM_API int vmm_pinned_stats_json(vmm_allocator *a, char *buf, size_t len);
  *
  * PyTorch reaches only malloc and free through that path; memory_stats, empty_cache,
  * record_stream and the OOM text are reached through the vmm_torch_* helpers below, which the
- * Python package calls with ctypes. Failures of these entry points are kept process wide (not per
+ * Python package calls with ctypes. With the graph hooks set on the pluggable allocator
+ * (python/vmmalloc/graphs.py and its C++ shim), PyTorch also calls vmm_torch_record_stream,
+ * vmm_torch_empty_cache and the pool entry points below itself (CUDA graphs). Failures of these entry points are kept process wide (not per
  * thread, since Python may ask from another thread than the one that allocated): see
  * vmm_torch_last_error and vmm_torch_oom_report. Everything here is thread safe, except
  * vmm_torch_shutdown.
@@ -553,7 +555,7 @@ VMM_API int vmm_history_csv(vmm_allocator *a, const char *path);
  * Write a snapshot of a to `path` as a pickle (protocol 2) of PyTorch's snapshot dict:
  *   segments: one per mapped range of an expandable segment (as PyTorch reports expandable
  *     segments) or per classic segment, with device, address, total_size, allocated_size,
- *     active_size, requested_size, stream, segment_type ("small" / "large"), segment_pool_id (0, 0),
+ *     active_size, requested_size, stream, segment_type ("small" / "large"), segment_pool_id (the private pool id for CUDA-graph memory, else (0, 0)),
  *     is_expandable, frames (where it was mapped) and blocks [{address, size, requested_size
  *     (kept by a pending block), state ("active_allocated" / "active_pending_free" / "inactive"),
  *     frames (its allocation's stack)}]; a fused block has "parts" [{offset, size}] too, and a

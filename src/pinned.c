@@ -268,6 +268,14 @@ static void slot_drop(vmm_pinned *p, pin_block *b, uint32_t i)
 static void slots_record(vmm_pinned *p, pin_block *b)
 {
     for (uint32_t i = b->n_events; i < b->n_uses; i++) {
+        /* an event recorded on a capturing stream would be a graph node (capture.c): the next poll
+         * after the capture records it */
+        int capturing = 0;
+        uint64_t cid = 0;
+        if (p->drv->ops->stream_capture_info &&
+            p->drv->ops->stream_capture_info(p->drv, b->uses[i], &capturing, &cid) == VMM_DRV_SUCCESS &&
+            capturing)
+            continue;
         if (!b->events[i] && !(b->events[i] = event_for_use(p, b->uses[i])))
             continue;
         if (p->drv->ops->event_record(p->drv, b->events[i], b->uses[i]) != VMM_DRV_SUCCESS)
@@ -437,6 +445,7 @@ VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, 
     if (!p)
         return rc;
     int shift = class_shift(size);
+    int mode = vmm_capture_relax(a); /* event queries, host_alloc: not to invalidate a capture */
     pthread_mutex_lock(&p->mu);
     pending_poll(p);
     pin_block *b = p->free_list[shift];
@@ -457,6 +466,7 @@ VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, 
         *ptr = b->ptr;
     }
     pthread_mutex_unlock(&p->mu);
+    vmm_capture_restore(a, mode);
     return rc;
 }
 
@@ -545,10 +555,12 @@ VMM_API int vmm_pinned_empty_cache(vmm_allocator *a)
     vmm_pinned *p = pinned_state(a, 0, &rc);
     if (!p)
         return VMM_OK;
+    int mode = vmm_capture_relax(a);
     pthread_mutex_lock(&p->mu);
     pending_poll(p);
     rc = release_cached(p);
     pthread_mutex_unlock(&p->mu);
+    vmm_capture_restore(a, mode);
     return rc;
 }
 

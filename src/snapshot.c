@@ -330,8 +330,10 @@ static void emit_segment(pk *p, refs *R, const vmm_allocator *a, const vmm_segme
     kv_uint(p, "stream", (uintptr_t)s->stream);
     kv_str(p, "segment_type", s->pool == VMM_SMALL ? "small" : "large");
     pk_str(p, "segment_pool_id");
-    pk_int(p, 0);
-    pk_int(p, 0);
+    uint64_t pool_id[2];
+    vmm_mempool_id_of(s, pool_id); /* private pool (CUDA graphs, mempool.c); (0, 0): the default pools */
+    pk_uint(p, pool_id[0]);
+    pk_uint(p, pool_id[1]);
     pk_op(p, OP_TUPLE2);
     pk_op(p, OP_SETITEM);
     pk_str(p, "is_expandable");

@@ -13,15 +13,19 @@ CUDAGraph class and torch.cuda.MemPool. Checks:
     ids, errors kept for vmm_torch_last_error.
 Exits 0 when every check passes, 1 otherwise (each failure printed)."""
 
+import atexit
 import ctypes
 import os
+import shutil
 import sys
 import tempfile
 import types
 
 ROOT = os.environ.get("VMM_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-os.environ.setdefault("VMMALLOC_CACHE_DIR", tempfile.mkdtemp(prefix="vmmalloc-graphs-"))
+if "VMMALLOC_CACHE_DIR" not in os.environ:  # the shim is built here, not in ~/.cache
+    os.environ["VMMALLOC_CACHE_DIR"] = tempfile.mkdtemp(prefix="vmmalloc-graphs-")
+    atexit.register(shutil.rmtree, os.environ["VMMALLOC_CACHE_DIR"], True)
 
 failures = []
 

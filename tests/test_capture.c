@@ -13,6 +13,7 @@
  *  - capture modes: another thread allocating (cuMemCreate & co.) during a global-mode capture does
  *    not invalidate it, while the same driver call made by that thread in global mode does;
  *  - a route by filter (PyTorch's: the stream's capture id), a fork into the capture;
+ *  - pinned host memory freed while its stream captures: no event recorded into the capture;
  *  - API errors; stats JSON and vmm_check know the pools. */
 #include <pthread.h>
 #include <stdint.h>
@@ -507,6 +508,42 @@ static void filter_route(void)
     vmm_sim_graph_destroy(g);
 }
 
+/* ---- pinned host memory freed while its stream captures -------------------------------------------- */
+
+static void pinned_in_capture(void)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    vmm_stream s = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s));
+    void *h = NULL, *h2 = NULL;
+    CHECK_OK(vmm_pinned_malloc(a, 4096, s, &h)); /* a staging buffer of the stream */
+    vmm_sim_counters c0 = counters(a);
+    CHECK_OK(vmm_sim_capture_begin(a, s, VMM_SIM_CAPTURE_GLOBAL));
+    CHECK_OK(vmm_pinned_free(a, h));              /* its event is not recorded into the capture */
+    CHECK_OK(vmm_pinned_malloc(a, 4096, s, &h2)); /* polls (queries, host_alloc: relaxed mode) */
+    CHECK(h2 != h);
+    vmm_sim_graph *g = NULL;
+    CHECK_OK(vmm_sim_capture_end(a, s, &g));
+    vmm_sim_counters c1 = counters(a);
+    check_nothing_synced(&c0, &c1, 0);
+    vmm_pinned_stats ps;
+    CHECK_OK(vmm_pinned_get_stats(a, &ps));
+    CHECK_EQ(ps.pending_blocks, 1);
+    CHECK_OK(vmm_pinned_free(a, h2));
+    CHECK_OK(vmm_sim_synchronize(a));
+    void *h3 = NULL;
+    CHECK_OK(vmm_pinned_malloc(a, 4096, s, &h3)); /* no capture: h's event is recorded, then done */
+    CHECK_OK(vmm_sim_synchronize(a));
+    CHECK_OK(vmm_pinned_empty_cache(a));
+    CHECK_OK(vmm_pinned_get_stats(a, &ps));
+    CHECK(ps.pending_blocks <= 1);
+    CHECK_OK(vmm_pinned_free(a, h3));
+    vmm_destroy(a);
+    vmm_sim_graph_destroy(g);
+}
+
 /* ---- errors ---------------------------------------------------------------------------------------- */
 
 static void api_errors(void)
@@ -551,6 +588,7 @@ int main(void)
     oom_in_capture(0);
     capture_modes();
     filter_route();
+    pinned_in_capture();
     api_errors();
     vmm_test_check_no_sim_leaks();
     TEST_DONE();

@@ -436,3 +436,4 @@ def config_in_force(conf=None):
         return {"config": buf.value.decode(), "error": err}
     finally:
         lib.vmm_destroy(a)
+from .sleepwake import sleep, wake, sleeping, use_tag, set_tag, get_tag, tag_of, is_asleep  # noqa: E402,F401

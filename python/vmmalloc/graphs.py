@@ -165,7 +165,6 @@ def refuse_capture(reason, lib=None):
     lib.vmm_torch_set_capture_guard.restype = ctypes.c_int
     lib.vmm_torch_set_capture_guard.argtypes = [ctypes.c_int]
     lib.vmm_torch_set_capture_guard(1)
-    import torch  # noqa: PLC0415
     message = ("vmmalloc: CUDA graph capture is refused: %s. Graphs would get memory that eager "
                "code reuses while replays write it. Build the graph hooks (a C++ compiler; "
                "vmmalloc.graphs.build_hooks() says what failed), or keep PyTorch's allocator and "
@@ -174,12 +173,11 @@ def refuse_capture(reason, lib=None):
     def capture_begin(self, *args, **kwargs):  # noqa: ARG001
         raise RuntimeError(message)
 
-    targets = []
-    graphs_mod = getattr(getattr(torch, "cuda", None), "graphs", None)
-    for owner in (graphs_mod, getattr(torch, "cuda", None)):
-        cls = getattr(owner, "CUDAGraph", None) if owner is not None else None
-        if cls is not None and cls not in targets:
-            targets.append(cls)
+    # torch.cuda.graphs.CUDAGraph (torch.cuda.CUDAGraph is the same class), found through
+    # sys.modules: looking it up through torch.cuda must not run torch's lazy CUDA machinery
+    graphs_mod = sys.modules.get("torch.cuda.graphs")
+    cls = getattr(graphs_mod, "CUDAGraph", None) if graphs_mod is not None else None
+    targets = [cls] if cls is not None else []
     for cls in targets:
         if not any(c is cls for c, _ in _patched):
             _patched.append((cls, cls.__dict__.get("capture_begin")))

@@ -45,12 +45,16 @@ def _require_uninitialized(cuda):
             "set_device(), synchronize(), .cuda(), ...): first thing after importing torch")
 
 
-def install(conf=None, lib_path=None):
+def install(conf=None, lib_path=None, graphs="auto"):
     """Make vmmalloc PyTorch's CUDA allocator. Call before the first CUDA allocation.
 
     conf: "key:value,..." (PyTorch's syntax; docs/user-guide.md lists the keys), applied after the
     VMMALLOC_CONF environment variable; each device's allocator gets "device:N" added.
     lib_path: the shared library; default: VMMALLOC_LIB, next to this package, the build dir.
+    graphs: CUDA graphs (docs/pytorch.md, "CUDA graphs"): "auto" sets the graph hooks (private
+    pools for captures; the C++ shim is built once, see vmmalloc.graphs) and, when they cannot be
+    set, refuses capture with a clear error instead; "hooks" raises RuntimeError when they cannot
+    be set; "refuse" never builds them and refuses capture. vmmalloc.graphs.status() says which.
     Returns the path of the library installed. Calling it again with the same library is a no-op.
 
     Raises RuntimeError when CUDA is already initialized in this process (PyTorch cannot swap
@@ -70,12 +74,15 @@ def install(conf=None, lib_path=None):
     _require_uninitialized(torch.cuda)
     if not torch.cuda.is_available():
         raise RuntimeError("vmmalloc.torch.install: torch.cuda.is_available() is False")
-    _v.load(path)
+    lib = _v.load(path)
     _v.configure(conf)  # checks conf and VMMALLOC_CONF now, rather than at the first allocation
     alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_malloc", "vmm_torch_free")
+    from vmmalloc import graphs as _graphs  # noqa: PLC0415
+    _graphs.attach(alloc, lib, mode=graphs)  # the hooks go on the allocator before PyTorch takes it
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
+        _graphs.undo(lib)
         raise RuntimeError("vmmalloc.torch.install: PyTorch refused the allocator: %s" % e) from e
     _installed_path = path
     return path
