@@ -84,9 +84,10 @@ typedef struct xs {
     uint32_t *nb_start, *nb;    /* conflict lists, CSR by item */
     uint32_t *sl_start, *sl;    /* items live in each slot, CSR by slot */
     uint32_t *rank;             /* preorder rank per item */
-    uint32_t *wit;              /* per slot, a cache: an item live there that last showed the
-                                 * floor to be low enough (unplaced, resting at most the floor) */
     /* state */
+    uint32_t *wit;              /* per slot, a cache (not undone): an item live there that last
+                                 * showed the floor high enough, i.e. unplaced and resting at most
+                                 * the floor; place_rest checks it before scanning the slot */
     uint64_t *rest;             /* resting height of unplaced items */
     uint64_t *pos;              /* offset, or NO_POS */
     uint64_t *sol;              /* the plan found */
@@ -229,12 +230,63 @@ static int slots_fit(const xs *s, uint32_t slo, uint32_t shi, uint64_t y)
     return 1;
 }
 
-static int cmp_cand(const void *a, const void *b)
+static int cand_less(const cand *x, const cand *y)
 {
-    const cand *x = a, *y = b;
-    if (x->off != y->off)
-        return x->off < y->off ? -1 : 1;
-    return (x->rank > y->rank) - (x->rank < y->rank);
+    return x->off < y->off || (x->off == y->off && x->rank < y->rank);
+}
+
+static void cand_swap(cand *a, cand *b)
+{
+    cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Candidates by (resting height, rank), keys distinct (ranks are within a part): quicksort
+ * (median of three, the smaller side recursed) finished by insertion sort. qsort's indirect calls
+ * took over a third of the search's time. */
+static void cand_sort(cand *c, size_t n)
+{
+    while (n > 16) {
+        size_t m = n / 2;
+        if (cand_less(&c[m], &c[0]))
+            cand_swap(&c[m], &c[0]);
+        if (cand_less(&c[n - 1], &c[0]))
+            cand_swap(&c[n - 1], &c[0]);
+        if (cand_less(&c[n - 1], &c[m]))
+            cand_swap(&c[n - 1], &c[m]);
+        cand pivot = c[m];
+        size_t i = 0, j = n - 1;
+        for (;;) {
+            while (cand_less(&c[i], &pivot))
+                i++;
+            while (cand_less(&pivot, &c[j]))
+                j--;
+            if (i >= j)
+                break;
+            cand_swap(&c[i], &c[j]);
+            i++;
+            j--;
+        }
+        size_t left = j + 1; /* [0, j] <= pivot <= [j + 1, n) */
+        if (left < n - left) {
+            cand_sort(c, left);
+            c += left;
+            n -= left;
+        } else {
+            cand_sort(c + left, n - left);
+            n = left;
+        }
+    }
+    for (size_t i = 1; i < n; i++) {
+        cand x = c[i];
+        size_t k = i;
+        while (k > 0 && cand_less(&x, &c[k - 1])) {
+            c[k] = c[k - 1];
+            k--;
+        }
+        c[k] = x;
+    }
 }
 
 static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t shi, uint64_t last_off,
@@ -320,7 +372,7 @@ static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t sh
         s->oom = 1;
         return XS_STOP;
     }
-    size_t nc = 0;
+    size_t nc = 0, unplaced = 0;
     uint64_t min_top = UINT64_MAX;
     for (size_t k = 0; k < pn; k++) {
         uint32_t i = s->parts[pbase + k];
@@ -330,19 +382,23 @@ static int search_part(xs *s, size_t pbase, size_t pn, uint32_t slo, uint32_t sh
         if (top > s->cap)
             return XS_NONE; /* cannot go anywhere: resting heights only rise */
         min_top = top < min_top ? top : min_top;
-        s->cs[cbase + nc++] = (cand){s->rest[i], s->rank[i], i};
+        unplaced++;
     }
-    if (nc == 0)
+    if (unplaced == 0)
         return XS_FOUND;
+    /* The candidates: canonical (not below the last offset, nor at it with a smaller rank) and
+     * not dominated (below min_top: else an unplaced item would fit under it), in order. */
+    for (size_t k = 0; k < pn; k++) {
+        uint32_t i = s->parts[pbase + k];
+        uint64_t r = s->rest[i];
+        if (s->pos[i] == NO_POS && r < min_top && (r > last_off || (r == last_off && s->rank[i] >= last_rank)))
+            s->cs[cbase + nc++] = (cand){r, s->rank[i], i};
+    }
     s->ncs = cbase + nc;
-    qsort(s->cs + cbase, nc, sizeof *s->cs, cmp_cand);
+    cand_sort(s->cs + cbase, nc);
     int st = XS_NONE;
     for (size_t k = 0; k < nc; k++) {
         cand cd = s->cs[cbase + k];
-        if (cd.off >= min_top)
-            break; /* dominated: an unplaced item would fit below */
-        if (cd.off < last_off || (cd.off == last_off && cd.rank < last_rank))
-            continue; /* not canonical */
         size_t mark = s->nundo;
         int r = XS_NONE, rest = 0;
         place_own(s, cd.item, cd.off);
