@@ -109,7 +109,8 @@ static void test_event_semantics(vmm_driver *d)
     CHECK_EQ(op->event_record(d, e, s), VMM_DRV_SUCCESS);
     int polls = 0;
     while (op->event_query(d, e) == VMM_DRV_NOT_READY) {
-        CHECK_EQ(atomic_load(&done), 0);
+        /* no check of done here: the function may have set it while its stream has not yet
+         * marked the work complete (NOT_READY then is right), seen once under TSan */
         polls++;
         vmm_test_sleep_ms(1);
     }
