@@ -131,9 +131,10 @@ void bench_replay_result_free(bench_replay_result *r);
 int bench_record_graphs(const char *out, uint64_t steps, uint64_t seed);
 
 /* ---- latency.c ------------------------------------------------------------------------------- */
+enum { BENCH_LATENCY_MAX_THREADS = 8 };
 typedef struct bench_latency_opts {
     uint64_t max_live;  /* largest live-set size (default 10^6) */
-    int max_threads;    /* 1 or 2 */
+    int max_threads;    /* 1 .. BENCH_LATENCY_MAX_THREADS (default 4): runs 1, 2, 4, ... and this */
     int quick;          /* fewer batches, for smoke tests */
     int json;
 } bench_latency_opts;

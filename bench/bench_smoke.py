@@ -253,7 +253,7 @@ def t_latency(bench, wdir, src):
     check(p.returncode == 0, f"latency exit 0: {p.stderr}")
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.strip()]
     cells = {(r["pattern"], r["threads"], r["live"], r["allocator"]) for r in rows}
-    want = {(pat, th, live, al) for pat in ("small", "large", "mixed") for th in (1, 2) for live in (100, 1000)
+    want = {(pat, th, live, al) for pat in ("small", "large", "mixed", "ring") for th in (1, 2) for live in (100, 1000)
             for al in ("expandable", "classic", "glibc", "jemalloc")}
     check(cells == want, f"latency: every cell reported ({len(cells)} of {len(want)})")
     for r in rows:
@@ -261,6 +261,7 @@ def t_latency(bench, wdir, src):
             check("median_ns" in r, f"latency: {r} measured")
         if "median_ns" in r:
             check(0 < r["median_ns"] <= r["p99_ns"], f"latency: 0 < median <= p99 in {r}")
+            check(r.get("aggregate_mpairs_s", 0) > 0, f"latency: aggregate throughput in {r}")
             if r["allocator"] != "glibc":
                 check("ratio_to_glibc" in r or "skipped" in r, f"latency: ratio present in {r}")
 

@@ -3,6 +3,16 @@
  * (expandable and classic, simulated unbacked device) and, as yardsticks in the same run, glibc's
  * malloc/free and jemalloc's mallocx/dallocx on the same size pattern.
  *
+ * Patterns: small, large and mixed allocate a block and free it at once, with the live set held
+ * apart; ring keeps the live set in flight: each thread holds a FIFO of blocks of mixed sizes, and
+ * each step frees the oldest and allocates the next size of the table (a pair = that free + that
+ * malloc). The ring is filled before the clock starts, and every allocator sees the same sizes.
+ *
+ * Threads: 1, 2, 4, ... up to --threads, each holding its share of the live set; on vmmalloc each
+ * thread allocates on its own stream (vmm_sim_stream_create, thread 0 too). Besides the latency per
+ * pair, the aggregate throughput: pairs done by all threads / wall time between the start and end
+ * barriers of the timed section.
+ *
  * The program links jemalloc, which replaces malloc; glibc's own functions are looked up in
  * libc.so.6 with dlsym on that library's handle.
  */
@@ -13,26 +23,34 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 
 enum kind { K_EXPANDABLE, K_CLASSIC, K_GLIBC, K_JEMALLOC, K_COUNT };
 static const char *const kind_name[K_COUNT] = {"expandable", "classic", "glibc", "jemalloc"};
 
-enum pattern { P_SMALL, P_LARGE, P_MIXED, P_COUNT };
-static const char *const pattern_name[P_COUNT] = {"small", "large", "mixed"};
+enum pattern { P_SMALL, P_LARGE, P_MIXED, P_RING, P_COUNT };
+static const char *const pattern_name[P_COUNT] = {"small", "large", "mixed", "ring"};
 static const char *const pattern_desc[P_COUNT] = {
-    "fixed 4 KiB (small pool)", "fixed 8 MiB (large pool)", "mixed, log-uniform 512 B .. 16 MiB"};
+    "fixed 4 KiB (small pool)", "fixed 8 MiB (large pool)", "mixed, log-uniform 512 B .. 16 MiB",
+    "ring (free the oldest live block, allocate the next), log-uniform 512 B .. 64 KiB"};
+/* Most threads a pattern runs with (0: up to --threads). Large and mixed stop at 2, which keeps the
+ * default run short; the thread targets are on small and ring. */
+static const int pattern_thread_cap[P_COUNT] = {0, 2, 2, 0};
 
 enum {
     SMALL_SIZE = 4096,
     LARGE_SIZE = 8 * BENCH_MiB,
     MIXED_MIN = 512,
     MIXED_MAX = 16 * BENCH_MiB,
+    RING_MIN = 512,
+    RING_MAX = 64 * 1024,
     N_SIZES = 4096,   /* mixed sizes are cycled from a table this long (power of two) */
     BATCH = 256,      /* pairs per timed batch: long enough that clock_gettime (~20 ns) is noise */
     BATCHES = 400,    /* batches per cell: 102400 pairs, p99 from 400 samples (per thread) */
     QUICK_BATCHES = 20,
+    MAX_THREAD_COUNTS = 4, /* at most 1, 2, 4, 8 (BENCH_LATENCY_MAX_THREADS) */
 };
 /* Host allocators hold their live set in real (virtual) memory; above this they are not run. */
 static const uint64_t HOST_LIVE_BUDGET = 32ull << 30;
@@ -57,11 +75,19 @@ typedef struct cell {
     enum kind kind;
     enum pattern pat;
     vmm_allocator *a;
+    vmm_stream stream;   /* vmmalloc: this thread's own stream */
     const size_t *sizes; /* N_SIZES entries */
     uint64_t live;       /* blocks this thread holds */
     int batches;
     double *samples;     /* ns per pair, one per batch */
     pthread_barrier_t *barrier;
+    uint64_t t_start, t_end;   /* this thread's timed section, wall clock: the run's section spans
+                                * the earliest start to the latest end (a thread that gets a core
+                                * late, with more threads than cores, does not shorten it) */
+    void **held;         /* the live set (ring: the FIFO, oldest at head); NULL slots are gone */
+    uint64_t n_held;
+    uint64_t head;       /* ring: index of the oldest block */
+    size_t k;            /* next index into sizes for the timed steps */
     int failed;
 } cell;
 
@@ -71,7 +97,7 @@ static void *do_alloc(const cell *c, size_t size)
     switch (c->kind) {
     case K_EXPANDABLE:
     case K_CLASSIC:
-        if (vmm_malloc(c->a, size, NULL, &p) != VMM_OK)
+        if (vmm_malloc(c->a, size, c->stream, &p) != VMM_OK)
             return NULL;
         return p;
     case K_GLIBC:
@@ -101,11 +127,12 @@ static void do_free(const cell *c, void *p)
     }
 }
 
-/* The timed loops, one per allocator, so no dispatch sits inside the measured pairs. */
-#define TIMED_LOOP(c, ALLOC, FREE)                                                         \
+/* The timed loops, one per allocator and pattern kind, so no dispatch sits inside the measured
+ * pairs. Batches b0 .. b1-1; a negative batch is run but not recorded (warm-up). */
+#define PAIR_LOOP(c, b0, b1, ALLOC, FREE)                                                  \
     do {                                                                                   \
-        size_t k_ = 0;                                                                     \
-        for (int b_ = -1; b_ < (c)->batches; b_++) { /* batch -1 warms up */                \
+        size_t k_ = (c)->k;                                                                \
+        for (int b_ = (b0); b_ < (b1); b_++) {                                             \
             uint64_t t0_ = bench_now_ns();                                                 \
             for (int i_ = 0; i_ < BATCH; i_++) {                                           \
                 size_t sz_ = (c)->sizes[k_++ & (N_SIZES - 1)];                              \
@@ -120,9 +147,47 @@ static void do_free(const cell *c, void *p)
             if (b_ >= 0)                                                                   \
                 (c)->samples[b_] = (double)(t1_ - t0_) / BATCH;                            \
         }                                                                                  \
+        (c)->k = k_;                                                                       \
     } while (0)
 
-static void timed(cell *c)
+/* Ring: free the oldest block, allocate the next size into its slot, advance. */
+#define RING_LOOP(c, b0, b1, ALLOC, FREE)                                                  \
+    do {                                                                                   \
+        size_t k_ = (c)->k;                                                                \
+        uint64_t h_ = (c)->head, n_ = (c)->n_held;                                         \
+        void **ring_ = (c)->held;                                                          \
+        for (int b_ = (b0); b_ < (b1); b_++) {                                             \
+            uint64_t t0_ = bench_now_ns();                                                 \
+            for (int i_ = 0; i_ < BATCH; i_++) {                                           \
+                void *p_ = ring_[h_];                                                      \
+                FREE;                                                                      \
+                size_t sz_ = (c)->sizes[k_++ & (N_SIZES - 1)];                              \
+                p_ = ALLOC;                                                                \
+                ring_[h_] = p_;                                                            \
+                if (!p_) {                                                                 \
+                    (c)->failed = 1;                                                       \
+                    return;                                                                \
+                }                                                                          \
+                if (++h_ == n_)                                                            \
+                    h_ = 0;                                                                \
+            }                                                                              \
+            uint64_t t1_ = bench_now_ns();                                                 \
+            if (b_ >= 0)                                                                   \
+                (c)->samples[b_] = (double)(t1_ - t0_) / BATCH;                            \
+        }                                                                                  \
+        (c)->k = k_;                                                                       \
+        (c)->head = h_;                                                                    \
+    } while (0)
+
+#define LOOP(c, b0, b1, ALLOC, FREE)                                                       \
+    do {                                                                                   \
+        if ((c)->pat == P_RING)                                                            \
+            RING_LOOP(c, b0, b1, ALLOC, FREE);                                             \
+        else                                                                               \
+            PAIR_LOOP(c, b0, b1, ALLOC, FREE);                                             \
+    } while (0)
+
+static void timed(cell *c, int b0, int b1)
 {
     void *p;
     (void)p;
@@ -130,14 +195,15 @@ static void timed(cell *c)
     case K_EXPANDABLE:
     case K_CLASSIC: {
         vmm_allocator *a = c->a;
-        TIMED_LOOP(c, (vmm_malloc(a, sz_, NULL, &p) == VMM_OK ? p : NULL), vmm_free(a, p_));
+        vmm_stream s = c->stream;
+        LOOP(c, b0, b1, (vmm_malloc(a, sz_, s, &p) == VMM_OK ? p : NULL), vmm_free(a, p_));
         break;
     }
     case K_GLIBC:
-        TIMED_LOOP(c, glibc_malloc(sz_), glibc_free(p_));
+        LOOP(c, b0, b1, glibc_malloc(sz_), glibc_free(p_));
         break;
     case K_JEMALLOC:
-        TIMED_LOOP(c, mallocx(sz_, 0), dallocx(p_, 0));
+        LOOP(c, b0, b1, mallocx(sz_, 0), dallocx(p_, 0));
         break;
     default:
         break;
@@ -147,31 +213,44 @@ static void timed(cell *c)
 static void *thread_main(void *arg)
 {
     cell *c = arg;
-    void **live = bench_xmalloc((c->live ? c->live : 1) * sizeof *live);
-    uint64_t n = 0;
-    /* The live set: blocks of the pattern's sizes, held while the pairs run. The offset into the
-     * size table differs from the timed loop's so the held sizes are not the timed ones. */
-    for (; n < c->live; n++) {
-        live[n] = do_alloc(c, c->sizes[(n * 7 + 13) & (N_SIZES - 1)]);
-        if (!live[n]) {
+    uint64_t want = c->live;
+    c->held = bench_xmalloc((want ? want : 1) * sizeof *c->held);
+    c->n_held = 0;
+    /* The live set, not timed. Pair patterns: blocks of the pattern's sizes, held while the pairs
+     * run, from an offset into the size table that differs from the timed loop's so the held sizes
+     * are not the timed ones. Ring: the FIFO filled with the table's next sizes, which the timed
+     * steps go on from. */
+    for (; c->n_held < want; c->n_held++) {
+        size_t sz = c->pat == P_RING ? c->sizes[c->k++ & (N_SIZES - 1)]
+                                     : c->sizes[(c->n_held * 7 + 13) & (N_SIZES - 1)];
+        void *p = do_alloc(c, sz);
+        if (!p) {
             c->failed = 1;
             break;
         }
+        c->held[c->n_held] = p;
     }
-    pthread_barrier_wait(c->barrier);
     if (!c->failed)
-        timed(c);
+        timed(c, -1, 0); /* one warm-up batch */
     pthread_barrier_wait(c->barrier);
-    for (uint64_t i = 0; i < n; i++)
-        do_free(c, live[i]);
-    free(live);
+    c->t_start = bench_now_ns();
+    if (!c->failed)
+        timed(c, 0, c->batches);
+    c->t_end = bench_now_ns();
+    pthread_barrier_wait(c->barrier);
+    for (uint64_t i = 0; i < c->n_held; i++)
+        if (c->held[i])
+            do_free(c, c->held[i]);
+    free(c->held);
+    c->held = NULL;
     return NULL;
 }
 
 typedef struct result {
     int ran;
-    double median, p99;
-    const char *why; /* why not run */
+    double median, p99; /* ns per pair, over every thread's batches */
+    double mpairs;      /* aggregate: pairs done by all threads / wall time of the timed section */
+    const char *why;    /* why not run */
 } result;
 
 static double pattern_mean(const size_t *sizes)
@@ -209,37 +288,68 @@ static result run_cell(enum kind k, enum pattern pat, const size_t *sizes, uint6
             return res;
         }
     }
-    pthread_barrier_t barrier;
-    pthread_barrier_init(&barrier, NULL, (unsigned)threads);
-    cell cells[2];
-    pthread_t tid[2];
-    double *samples = bench_xmalloc((size_t)threads * (size_t)batches * sizeof *samples);
-    for (int i = 0; i < threads; i++) {
-        cells[i] = (cell){.kind = k, .pat = pat, .a = a, .sizes = sizes,
-                          .live = live / (uint64_t)threads, .batches = batches,
-                          .samples = samples + (size_t)i * (size_t)batches, .barrier = &barrier};
-        if (i)
-            pthread_create(&tid[i], NULL, thread_main, &cells[i]);
+    /* vmmalloc: one stream per thread, made before the threads start, destroyed once their blocks
+     * are freed (before vmm_destroy). */
+    vmm_stream *streams = bench_xmalloc((size_t)threads * sizeof *streams);
+    int n_streams = 0;
+    for (; a && n_streams < threads; n_streams++) {
+        if (vmm_sim_stream_create(a, &streams[n_streams]) != VMM_OK) {
+            fprintf(stderr, "vmm-bench: vmm_sim_stream_create: %s\n", vmm_last_error());
+            res.why = "stream create failed";
+            break;
+        }
     }
-    thread_main(&cells[0]);
-    int failed = cells[0].failed;
-    for (int i = 1; i < threads; i++) {
-        pthread_join(tid[i], NULL);
-        failed |= cells[i].failed;
+    if (!res.why) {
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, (unsigned)threads);
+        cell *cells = bench_xmalloc((size_t)threads * sizeof *cells);
+        pthread_t *tid = bench_xmalloc((size_t)threads * sizeof *tid);
+        double *samples = bench_xmalloc((size_t)threads * (size_t)batches * sizeof *samples);
+        uint64_t t_start = UINT64_MAX, t_end = 0, per = live / (uint64_t)threads;
+        if (pat == P_RING && per == 0)
+            per = 1; /* a ring holds at least one block */
+        for (int i = 0; i < threads; i++) {
+            /* Ring: each thread starts at its own place in the table (the same for every
+             * allocator), so the threads are not in lockstep on one size. */
+            cells[i] = (cell){.kind = k, .pat = pat, .a = a, .stream = a ? streams[i] : NULL,
+                              .sizes = sizes, .live = per, .batches = batches,
+                              .samples = samples + (size_t)i * (size_t)batches, .barrier = &barrier,
+                              .k = pat == P_RING ? (size_t)i * 1237u : 0};
+            if (i)
+                pthread_create(&tid[i], NULL, thread_main, &cells[i]);
+        }
+        thread_main(&cells[0]);
+        int failed = cells[0].failed;
+        for (int i = 1; i < threads; i++) {
+            pthread_join(tid[i], NULL);
+            failed |= cells[i].failed;
+        }
+        pthread_barrier_destroy(&barrier);
+        if (failed) {
+            res.why = "allocation failed";
+            if (a)
+                fprintf(stderr, "vmm-bench: %s %s live=%llu threads=%d: %s\n", kind_name[k],
+                        pattern_name[pat], (unsigned long long)live, threads, vmm_last_error());
+        } else {
+            size_t n = (size_t)threads * (size_t)batches;
+            res.ran = 1;
+            res.median = bench_quantile(samples, n, 0.5);
+            res.p99 = bench_quantile(samples, n, 0.99);
+            for (int i = 0; i < threads; i++) {
+                t_start = cells[i].t_start < t_start ? cells[i].t_start : t_start;
+                t_end = cells[i].t_end > t_end ? cells[i].t_end : t_end;
+            }
+            double wall = (double)(t_end - t_start);
+            res.mpairs = wall > 0 ? (double)n * BATCH / wall * 1e3 : 0;
+        }
+        free(samples);
+        free(tid);
+        free(cells);
     }
-    pthread_barrier_destroy(&barrier);
-    if (failed) {
-        res.why = "allocation failed";
-        if (a)
-            fprintf(stderr, "vmm-bench: %s %s live=%llu: %s\n", kind_name[k], pattern_name[pat],
-                    (unsigned long long)live, vmm_last_error());
-    } else {
-        size_t n = (size_t)threads * (size_t)batches;
-        res.ran = 1;
-        res.median = bench_quantile(samples, n, 0.5);
-        res.p99 = bench_quantile(samples, n, 0.99);
-    }
-    free(samples);
+    for (int i = 0; i < n_streams; i++)
+        if (vmm_sim_stream_destroy(a, streams[i]) != VMM_OK)
+            fprintf(stderr, "vmm-bench: vmm_sim_stream_destroy: %s\n", vmm_last_error());
+    free(streams);
     vmm_destroy(a);
     return res;
 }
@@ -253,11 +363,27 @@ static void make_sizes(enum pattern p, size_t *sizes)
         else if (p == P_LARGE)
             sizes[i] = LARGE_SIZE;
         else {
+            double lo = p == P_RING ? RING_MIN : MIXED_MIN, hi = p == P_RING ? RING_MAX : MIXED_MAX;
             double u = (double)(bench_rand(&rng) >> 11) / 9007199254740992.0;
-            double s = exp(log((double)MIXED_MIN) + u * (log((double)MIXED_MAX) - log((double)MIXED_MIN)));
+            double s = exp(log(lo) + u * (log(hi) - log(lo)));
             sizes[i] = ((size_t)s + 511) / 512 * 512;
         }
     }
+}
+
+/* Index of a live count in lives[], or -1. */
+static int live_index(const uint64_t *lives, int n, uint64_t live)
+{
+    for (int i = 0; i < n; i++)
+        if (lives[i] == live)
+            return i;
+    return -1;
+}
+
+static void print_ratio_target(const char *what, double v, double base, double factor, const char *unit)
+{
+    printf("  %s: %.1f %s vs %.1f %s = %.2fx -> %s\n", what, v, unit, base, unit, v / base,
+           v <= factor * base ? "met" : "MISSED");
 }
 
 int bench_latency(const bench_latency_opts *o)
@@ -272,31 +398,43 @@ int bench_latency(const bench_latency_opts *o)
     int n_lives = 0;
     for (uint64_t l = 100; l <= o->max_live && n_lives < MAX_DEC; l *= 10)
         lives[n_lives++] = l;
-    /* Targets: 1 thread, small pattern at 10^3 live (fast path) and the 10^6 / 10^3 growth. */
-    double t_fast_exp = 0, t_fast_glibc = 0, at3[P_COUNT] = {0}, at6[P_COUNT] = {0};
+    /* Thread counts: powers of two up to --threads, and --threads itself. */
+    int thread_counts[MAX_THREAD_COUNTS + 1], n_tc = 0;
+    for (int t = 1; t <= o->max_threads && n_tc < MAX_THREAD_COUNTS; t *= 2)
+        thread_counts[n_tc++] = t;
+    if (thread_counts[n_tc - 1] != o->max_threads)
+        thread_counts[n_tc++] = o->max_threads;
+    /* Every result, for the targets at the end. */
+    static result all[P_COUNT][MAX_THREAD_COUNTS + 1][MAX_DEC][K_COUNT];
+    memset(all, 0, sizeof all);
     size_t sizes[N_SIZES];
-    char b1[32], b2[32];
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
     if (!o->json)
         printf("Host cost of one malloc+free pair with a live set held (ns; median and p99 of %d batches of "
-               "%d pairs per thread).\nvmmalloc runs on the simulated device, unbacked (host-side cost only). glibc %s, jemalloc %s.\n",
-               batches, BATCH, gnu_get_libc_version(), JEMALLOC_VERSION);
+               "%d pairs per thread),\nand aggregate throughput (Mp/s: pairs by all threads / wall time of the "
+               "timed section, 10^6 pairs/s).\nvmmalloc runs on the simulated device, unbacked (host-side cost "
+               "only); each thread on its own stream.\nglibc %s, jemalloc %s, %ld cores.\n",
+               batches, BATCH, gnu_get_libc_version(), JEMALLOC_VERSION, cores);
     for (int p = 0; p < P_COUNT; p++) {
         make_sizes((enum pattern)p, sizes);
-        for (int th = 1; th <= o->max_threads; th++) {
+        for (int ti = 0; ti < n_tc; ti++) {
+            int th = thread_counts[ti];
+            if (pattern_thread_cap[p] && th > pattern_thread_cap[p])
+                continue;
             if (!o->json) {
                 printf("\n%s, %d thread%s\n", pattern_desc[p], th, th > 1 ? "s" : "");
                 printf("%10s", "live");
                 for (int k = 0; k < K_COUNT; k++)
-                    printf(" %19s", kind_name[k]);
+                    printf(" %25s", kind_name[k]);
                 printf(" %10s %10s\n", "exp/glibc", "cls/glibc");
                 printf("%10s", "");
                 for (int k = 0; k < K_COUNT; k++)
-                    printf(" %9s %9s", "median", "p99");
+                    printf(" %8s %8s %7s", "median", "p99", "Mp/s");
                 printf("\n");
             }
             for (int li = 0; li < n_lives; li++) {
-                result r[K_COUNT];
+                result *r = all[p][ti][li];
                 for (int k = 0; k < K_COUNT; k++) {
                     bench_progress(pattern_name[p], (uint64_t)(li * K_COUNT + k),
                                    (uint64_t)(n_lives * K_COUNT));
@@ -310,7 +448,8 @@ int bench_latency(const bench_latency_opts *o)
                                "\"allocator\":\"%s\"",
                                pattern_name[p], th, (unsigned long long)lives[li], kind_name[k]);
                         if (r[k].ran) {
-                            printf(",\"median_ns\":%.1f,\"p99_ns\":%.1f", r[k].median, r[k].p99);
+                            printf(",\"median_ns\":%.1f,\"p99_ns\":%.1f,\"aggregate_mpairs_s\":%.3f",
+                                   r[k].median, r[k].p99, r[k].mpairs);
                             if (g > 0)
                                 printf(",\"ratio_to_glibc\":%.3f", r[k].median / g);
                         } else {
@@ -322,9 +461,9 @@ int bench_latency(const bench_latency_opts *o)
                     printf("%10llu", (unsigned long long)lives[li]);
                     for (int k = 0; k < K_COUNT; k++) {
                         if (r[k].ran)
-                            printf(" %9.1f %9.1f", r[k].median, r[k].p99);
+                            printf(" %8.1f %8.1f %7.2f", r[k].median, r[k].p99, r[k].mpairs);
                         else
-                            printf(" %9s %9s", "n/a", "");
+                            printf(" %8s %8s %7s", "n/a", "", "");
                     }
                     for (int k = K_EXPANDABLE; k <= K_CLASSIC; k++) {
                         if (r[k].ran && g > 0)
@@ -335,30 +474,57 @@ int bench_latency(const bench_latency_opts *o)
                     printf("\n");
                 }
                 fflush(stdout);
-                if (th == 1 && r[K_EXPANDABLE].ran) {
-                    if (lives[li] == 1000) {
-                        at3[p] = r[K_EXPANDABLE].median;
-                        if (p == P_SMALL) {
-                            t_fast_exp = r[K_EXPANDABLE].median;
-                            t_fast_glibc = g;
-                        }
-                    }
-                    if (lives[li] == 1000000)
-                        at6[p] = r[K_EXPANDABLE].median;
-                }
             }
         }
     }
     if (o->json)
         return BENCH_EXIT_OK;
+
+    /* Targets, expandable mode. thread_counts[0] is 1. */
+    int l3 = live_index(lives, n_lives, 1000), l6 = live_index(lives, n_lives, 1000000);
     printf("\nTargets (1 thread, expandable mode):\n");
-    if (t_fast_exp > 0 && t_fast_glibc > 0)
-        printf("  fast path <= 1.5x glibc (small, 10^3 live): %s vs %s = %.2fx -> %s\n",
-               bench_fmt_ns(b1, sizeof b1, t_fast_exp), bench_fmt_ns(b2, sizeof b2, t_fast_glibc),
-               t_fast_exp / t_fast_glibc, t_fast_exp <= 1.5 * t_fast_glibc ? "met" : "MISSED");
-    for (int p = 0; p < P_COUNT; p++)
-        if (at3[p] > 0 && at6[p] > 0)
-            printf("  10^6 live <= 2x 10^3 live (%s): %.1f ns vs %.1f ns = %.2fx -> %s\n", pattern_name[p],
-                   at6[p], at3[p], at6[p] / at3[p], at6[p] <= 2 * at3[p] ? "met" : "MISSED");
+    if (l3 >= 0) {
+        const result *e = &all[P_SMALL][0][l3][K_EXPANDABLE], *g = &all[P_SMALL][0][l3][K_GLIBC];
+        if (e->ran && g->ran)
+            print_ratio_target("fast path <= 1.5x glibc (small, 10^3 live)", e->median, g->median, 1.5, "ns");
+    }
+    for (int li = 0; li < n_lives; li++) {
+        if (li != l3 && li != l6)
+            continue;
+        const result *e = &all[P_RING][0][li][K_EXPANDABLE], *g = &all[P_RING][0][li][K_GLIBC];
+        char what[96];
+        snprintf(what, sizeof what, "ring <= 1.5x glibc (10^%d live)", li == l3 ? 3 : 6);
+        if (e->ran && g->ran)
+            print_ratio_target(what, e->median, g->median, 1.5, "ns");
+        else if (e->ran)
+            printf("  %s: glibc not run (%s)\n", what, g->why ? g->why : "?");
+    }
+    if (l3 >= 0 && l6 >= 0)
+        for (int p = 0; p < P_COUNT; p++) {
+            const result *e3 = &all[p][0][l3][K_EXPANDABLE], *e6 = &all[p][0][l6][K_EXPANDABLE];
+            char what[96];
+            snprintf(what, sizeof what, "10^6 live <= 2x 10^3 live (%s)", pattern_name[p]);
+            if (e3->ran && e6->ran)
+                print_ratio_target(what, e6->median, e3->median, 2, "ns");
+        }
+    if (l3 >= 0 && n_tc > 1) {
+        printf("\nTargets (expandable mode, each thread on its own stream, aggregate throughput at 10^3 "
+               "live, %ld cores):\n", cores);
+        static const enum pattern tpat[] = {P_SMALL, P_RING};
+        for (size_t i = 0; i < sizeof tpat / sizeof tpat[0]; i++) {
+            enum pattern p = tpat[i];
+            const result *one = &all[p][0][l3][K_EXPANDABLE];
+            for (int ti = 1; ti < n_tc; ti++) {
+                const result *m = &all[p][ti][l3][K_EXPANDABLE];
+                int th = thread_counts[ti];
+                if ((th != 2 && th != 4) || !one->ran || !m->ran)
+                    continue;
+                double need = th == 2 ? 1.5 : 1.0;
+                printf("  %d threads >= %.1fx 1 thread (%s): %.2f vs %.2f Mpairs/s = %.2fx -> %s\n", th, need,
+                       pattern_name[p], m->mpairs, one->mpairs, m->mpairs / one->mpairs,
+                       m->mpairs >= need * one->mpairs ? "met" : "MISSED");
+            }
+        }
+    }
     return BENCH_EXIT_OK;
 }

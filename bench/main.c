@@ -3,8 +3,9 @@
  * measure host latency against glibc and jemalloc, and show replay time against trace length.
  *
  *   vmm-bench replay FILE [--capacity SIZE] [--min-capacity] [--json] [--plot OUT.svg]
- *                         [--mode both|expandable|classic] [--conf K:V,...] [--check N] [--no-progress]
- *   vmm-bench latency [--max-live N] [--threads 1|2] [--quick] [--json]
+ *                         [--mode both|expandable|classic] [--conf K:V,...] [--handles] [--check N]
+ *                         [--no-progress]
+ *   vmm-bench latency [--max-live N] [--threads 1..8] [--quick] [--json]
  *   vmm-bench scale [--max-events N] [--json]
  *   vmm-bench frames [--quick] [--json]
  *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
@@ -35,6 +36,9 @@ static void usage(FILE *f)
             "      --min-capacity    also bisect the smallest capacity that completes without OOM\n"
             "      --mode M          both (default), expandable or classic\n"
             "      --conf K:V,...    extra allocator configuration for both modes\n"
+            "      --handles         expandable mode three times, side by side: fixed 2 MiB handles\n"
+            "                        (max_handle_size:2M), fixed 20 MiB pages (large_page_size:20M)\n"
+            "                        and handles sized by need (the default; --conf applies to all)\n"
             "      --json            one JSON object per mode per line\n"
             "      --plot OUT.svg    allocated and reserved over the trace (gnuplot)\n"
             "      --check N         run vmm_check every N events (slow; for testing)\n"
@@ -42,8 +46,11 @@ static void usage(FILE *f)
             "  vmm-bench record-graphs OUT.csv [--steps N] [--seed S]\n"
             "                                    record a trace with capture segments on the sim: a\n"
             "                                    training loop whose steps are CUDA graphs sharing a pool\n"
-            "  vmm-bench latency [--max-live N] [--threads 1|2] [--quick] [--json]\n"
-            "                                    malloc+free cost vs glibc and jemalloc\n"
+            "  vmm-bench latency [--max-live N] [--threads 1..8] [--quick] [--json]\n"
+            "                                    malloc+free cost vs glibc and jemalloc (pair and ring\n"
+            "                                    patterns; 1, 2, 4.. N threads (default 4), each on its\n"
+            "                                    own stream; live 100 .. --max-live, default 10^6, 10^4\n"
+            "                                    with --quick)\n"
             "  vmm-bench scale [--max-events N] [--json]\n"
             "                                    replay time vs length of generated traces\n"
             "  vmm-bench frames [--quick] [--json]\n"
@@ -160,7 +167,7 @@ static void row(const char *label, row_kind k, const double *v, int n)
 static void print_table(const bench_trace *t, const char *path, const bench_replay_result *r, int n)
 {
     char b1[32], b2[32], b3[32];
-    double v[2] = {0, 0};
+    double v[3] = {0, 0, 0};
     printf("Trace      %s\n", path);
     printf("           %s, %llu lines, %zu replayed events (alloc / free), %u allocations, %u stream%s",
            t->format, (unsigned long long)t->lines, t->n, t->n_ids, t->n_streams,
@@ -251,6 +258,15 @@ static void print_table(const bench_trace *t, const char *path, const bench_repl
                    bench_fmt_bytes(b1, sizeof b1, (double)e->min_capacity),
                    bench_fmt_bytes(b2, sizeof b2, (double)c->min_capacity));
     }
+    /* --handles: the policy against the better fixed size, in the two measures that trade */
+    if (n == 3 && !strcmp(r[2].mode, "by need")) {
+        double best = ratio(&r[0]) < ratio(&r[1]) ? ratio(&r[0]) : ratio(&r[1]);
+        printf("\nHandles by need: reserved / allocated %.4f against %.4f for the better fixed size "
+               "(%+.4f); modeled driver time %.2fx that of 20 MiB pages, %.2fx that of 2 MiB handles.\n",
+               ratio(&r[2]), best, ratio(&r[2]) - best,
+               r[1].driver_time_ns ? (double)r[2].driver_time_ns / (double)r[1].driver_time_ns : 0,
+               r[0].driver_time_ns ? (double)r[2].driver_time_ns / (double)r[0].driver_time_ns : 0);
+    }
     if (r[0].ooms && r[0].first_oom[0])
         printf("\nFirst OOM (%s): %s\n", r[0].mode, r[0].first_oom);
     if (n == 2 && r[1].ooms && r[1].first_oom[0])
@@ -328,12 +344,14 @@ static int cmd_replay(int argc, char **argv)
 {
     const char *path = NULL, *plot_out = NULL, *conf = NULL, *mode = "both";
     uint64_t capacity = 80ull << 30, check_every = 0;
-    int json = 0, min_cap = 0, progress = 1;
+    int json = 0, min_cap = 0, progress = 1, handles = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
         if (!strcmp(a, "--json"))
             json = 1;
+        else if (!strcmp(a, "--handles"))
+            handles = 1;
         else if (!strcmp(a, "--min-capacity"))
             min_cap = 1;
         else if (!strcmp(a, "--no-progress"))
@@ -372,17 +390,30 @@ static int cmd_replay(int argc, char **argv)
         bench_trace_free(&t);
         return BENCH_EXIT_INPUT;
     }
-    bench_replay_result r[2];
+    bench_replay_result r[3];
     int n = 0;
     uint64_t every = plot_out ? (t.n / 4000 + 1) : 0; /* a few thousand points per curve */
-    for (int m = 0; m < 2 && !rc; m++) {
-        int expandable = m == 0;
-        if ((expandable && !strcmp(mode, "classic")) || (!expandable && !strcmp(mode, "expandable")))
+    /* --handles: the handle policies side by side, each column named for its policy */
+    static const char *const hconf[3] = {"max_handle_size:2M", "large_page_size:20M", ""};
+    static const char *const hname[3] = {"2M handles", "20M pages", "by need"};
+    char confs[3][1024];
+    for (int m = 0; m < (handles ? 3 : 2) && !rc; m++) {
+        int expandable = handles || m == 0;
+        if (!handles &&
+            ((expandable && !strcmp(mode, "classic")) || (!expandable && !strcmp(mode, "expandable"))))
             continue;
-        bench_replay_opts o = {.expandable = expandable, .capacity = capacity, .extra_conf = conf,
+        const char *c = conf;
+        if (handles) {
+            snprintf(confs[m], sizeof confs[m], "%s%s%s", hconf[m], *hconf[m] && conf ? "," : "",
+                     conf ? conf : "");
+            c = confs[m];
+        }
+        bench_replay_opts o = {.expandable = expandable, .capacity = capacity, .extra_conf = c,
                                .sample_every = every, .check_every = check_every,
                                .progress = t.n > 200000};
         rc = bench_replay(&t, &o, &r[n]);
+        if (handles)
+            r[n].mode = hname[m];
         if (!rc && min_cap) {
             o.progress = 1;
             rc = bench_min_capacity(&t, &o, &r[n]);
@@ -406,7 +437,7 @@ static int cmd_replay(int argc, char **argv)
 
 static int cmd_latency(int argc, char **argv)
 {
-    bench_latency_opts o = {.max_live = 1000000, .max_threads = 2};
+    bench_latency_opts o = {.max_live = 0, .max_threads = 4};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -419,11 +450,15 @@ static int cmd_latency(int argc, char **argv)
                 return bad_usage("bad --max-live (at least 100)", argv[i]);
         } else if (!strcmp(a, "--threads") && more) {
             o.max_threads = atoi(argv[++i]);
-            if (o.max_threads < 1 || o.max_threads > 2)
-                return bad_usage("bad --threads (1 or 2)", argv[i]);
+            if (o.max_threads < 1 || o.max_threads > BENCH_LATENCY_MAX_THREADS)
+                return bad_usage("bad --threads (1 to 8)", argv[i]);
         } else
             return bad_usage("unknown latency option", a);
     }
+    /* Default live sets up to 10^6; --quick stops at 10^4 (filling 10^6 blocks per cell is what
+     * takes the time) unless --max-live says otherwise. */
+    if (!o.max_live)
+        o.max_live = o.quick ? 10000 : 1000000;
     return bench_latency(&o);
 }
 

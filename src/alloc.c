@@ -35,7 +35,7 @@ static void cpu_relax(void)
 #endif
 }
 
-static __attribute__((noinline)) void lock_slow(_Atomic int *w)
+void vmm_mutex_lock_slow(_Atomic int *w)
 {
     for (int i = 0; i < LOCK_SPINS; i++) {
         int c = 0;
@@ -50,20 +50,15 @@ static __attribute__((noinline)) void lock_slow(_Atomic int *w)
     }
 }
 
-void vmm_lock(vmm_allocator *a)
+void vmm_mutex_wake(_Atomic int *w)
 {
-    int c = 0;
-    if (VMM_UNLIKELY(!atomic_compare_exchange_strong_explicit(&a->lock, &c, 1, memory_order_acquire,
-                                                              memory_order_relaxed)))
-        lock_slow(&a->lock);
+    /* the unlock's one RMW saw 2: whoever marked the word (may sleep) is woken */
+    syscall(SYS_futex, (int *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-void vmm_unlock(vmm_allocator *a)
-{
-    /* One RMW: whoever marked the word 2 (may sleep) is always seen here and woken. */
-    if (VMM_UNLIKELY(atomic_exchange_explicit(&a->lock, 0, memory_order_release) == 2))
-        syscall(SYS_futex, (int *)&a->lock, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-}
+void vmm_lock(vmm_allocator *a) { vmm_mutex_lock(&a->lock); }
+
+void vmm_unlock(vmm_allocator *a) { vmm_mutex_unlock(&a->lock); }
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -112,14 +107,32 @@ static int setup_device(vmm_allocator *a)
     return VMM_OK;
 }
 
+/* Give a block a thread cache held back to its pool (tcache.c drains; allocator lock held): the
+ * free as vmm_free does it, but no stats, which the cache's delta counted. */
+static void tc_release(vmm_allocator *a, vmm_block *b)
+{
+    size_t slot = 0;
+    vmm_block *x = vmm_live_find_slot(a, b->addr, &slot);
+    if (VMM_UNLIKELY(x != b))
+        abort(); /* a cached block is live by construction: the table is corrupt */
+    vmm_live_remove_at(a, slot);
+    VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
+    b->free_seq = ++b->seg->srec->seq;
+    b->requested = 0;
+    vmm_pool_release(a, b);
+}
+
 VMM_API int vmm_create(const char *conf, vmm_allocator **out)
 {
     if (!out)
         return vmm_fail(VMM_EINVAL, "vmm_create: out is NULL");
     *out = NULL;
-    vmm_allocator *a = calloc(1, sizeof *a);
+    /* aligned: the live shards and the thread caches' fields sit on cache lines of their own */
+    size_t asz = (sizeof(vmm_allocator) + 63) / 64 * 64;
+    vmm_allocator *a = aligned_alloc(64, asz);
     if (!a)
         return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
+    memset(a, 0, asz);
     a->t0_ns = vmm_history_now_ns();
     int rc = vmm_config_load(&a->cfg, conf);
     if (!rc)
@@ -132,6 +145,8 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
         rc = vmm_seg_peers_init(a);
     if (!rc)
         rc = vmm_ipc_setup(a);
+    if (!rc)
+        rc = vmm_tc_setup(a, a->cfg.thread_cache, a->cfg.pow2_divisions[0] <= 1, tc_release);
     if (rc) {
         if (a->drv)
             a->drv->ops->close(a->drv);
@@ -149,7 +164,9 @@ VMM_API void vmm_destroy(vmm_allocator *a)
     if (!a)
         return;
     vmm_cb_destroy(a); /* before_unmap for what is still mapped, outside the lock */
+    vmm_tc_unregister(a); /* exiting threads leave a alone from now on */
     vmm_lock(a);
+    vmm_tc_destroy(a); /* cached blocks back to their pools first: they are not live */
     int mode = vmm_capture_relax(a); /* its driver calls must not invalidate a capture */
     vmm_ipc_destroy(a);
     vmm_sleep_destroy(a);
@@ -157,9 +174,9 @@ VMM_API void vmm_destroy(vmm_allocator *a)
     vmm_events_shutdown(a);
     if (a->live_n) {
         size_t bytes = 0;
-        for (size_t i = 0; i < a->live_cap; i++)
-            if (a->live[i])
-                bytes += a->live[i]->size;
+        vmm_block *b;
+        VMM_LIVE_FOREACH(a, b)
+            bytes += b->size;
         fprintf(stderr, "vmmalloc: vmm_destroy: %zu live block(s), %zu bytes, still allocated; "
                         "returning their memory anyway\n", a->live_n, bytes);
     }
@@ -186,6 +203,7 @@ VMM_API void vmm_destroy(vmm_allocator *a)
 static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
 {
     size_t free_b = 0, total = a->dev.total_bytes;
+    vmm_tc_fold(a); /* the report's counters */
     if (a->drv->ops->mem_get_info(a->drv, &free_b, &total))
         free_b = 0;
     a->stats.num_ooms++;
@@ -256,7 +274,8 @@ static int malloc_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, siz
         }
         size_t got;
         if (attempt == 0) {
-            /* idle pages first, as few as the request lacks */
+            /* what other threads' caches hold back, then idle pages, as few as the request lacks */
+            vmm_tc_drain(a, 0);
             vmm_fences_poll(a);
             got = vmm_seg_reclaim(a, short_pages);
             off += (size_t)snprintf(tried + off, tried_len - off, "remapping %zu idle page(s)", got);
@@ -304,6 +323,8 @@ static int malloc_classic(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
     if (rc != VMM_ENOMEM)
         return rc;
     a->stats.num_alloc_retries++;
+    /* what other threads' caches hold back may make a cached segment whole again */
+    vmm_tc_drain(a, 0);
     /* cuMemFree synchronizes the device: nothing more while a capture is underway (capture.c) */
     if (vmm_capture_no_sync(a, sr->stream)) {
         size_t off = strlen(tried);
@@ -363,7 +384,7 @@ static __attribute__((noinline)) int malloc_slow(vmm_allocator *a, size_t size, 
 static int malloc_locked(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr, int last)
 {
     a->malloc_count++;
-    int callbacks_run = 0;
+    int callbacks_run = 0, own_cache_drained = 0;
 again:;
     /* captures underway (mempool.c): the stream's allocations may go to a private pool */
     vmm_mempool *mp = NULL;
@@ -393,6 +414,13 @@ again:;
     if (VMM_UNLIKELY(!b)) {
         if (rc)
             return rc;
+        /* before new small-pool memory: the small blocks this thread's cache holds back may
+         * merge into a fit (for the large pool they wait for the OOM path's drain) */
+        if (own_cache_drained < 2) {
+            own_cache_drained++;
+            if (own_cache_drained == 1 ? vmm_tc_trim_self(a, SIZE_MAX) : vmm_tc_drain(a, 1))
+                goto again;
+        }
         /* PyTorch's step 2: free-memory callbacks (outside the lock), then the cache again */
         if (VMM_UNLIKELY(a->cb_free_n) && !callbacks_run) {
             callbacks_run = 1;
@@ -427,8 +455,12 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
         return VMM_OK;
     if (size >= ((size_t)1 << MAX_REQUEST_SHIFT))
         return vmm_fail(VMM_EINVAL, "vmm_malloc: size %zu is too large", size);
+    /* this thread's cache: no lock another thread needs (tcache.c) */
+    if (vmm_tc_malloc(a, size, stream, ptr))
+        return VMM_OK;
     VMM_HISTORY_CONTEXT_BEGIN(a); /* Python frames for the history, gathered before the lock */
     vmm_lock(a);
+    vmm_tc_fold_self(a); /* counters exact before this malloc moves them (peaks) */
     int rc = malloc_locked(a, size, stream, ptr, 0);
     if (VMM_UNLIKELY(a->cb != NULL)) {
         /* callbacks: deliver what this call queued; when memory was short while detached pages
@@ -463,7 +495,13 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
         return vmm_fail(VMM_EINVAL, "vmm_free: allocator is NULL");
     if (!ptr)
         return VMM_OK;
+    size_t trim = 0;
+    if (vmm_tc_free(a, ptr, &trim))
+        return VMM_OK;
     vmm_lock(a);
+    vmm_tc_fold_self(a);
+    if (trim)
+        vmm_tc_trim_self(a, trim); /* the cache was full: room for the frees to come */
     int rc = VMM_OK;
     size_t slot = 0;
     vmm_block *b = vmm_live_find_slot(a, (uintptr_t)ptr, &slot);
@@ -602,6 +640,7 @@ VMM_API int vmm_empty_cache(vmm_allocator *a)
         return vmm_fail(VMM_EINVAL, "vmm_empty_cache: allocator is NULL");
     vmm_lock(a);
     vmm_clear_error();
+    vmm_tc_drain(a, 0); /* what threads' caches hold back is cache too */
     int mode = vmm_capture_relax(a); /* no driver call may invalidate a capture (capture.c) */
     vmm_events_process(a);
     vmm_mempool_settle(a); /* released private pools: their memory joins what is returned below */

@@ -81,6 +81,7 @@ static vmm_cb *cb_get(vmm_allocator *a)
         vmm_meta_free(a->meta, cb, sizeof *cb);
         return NULL;
     }
+    vmm_tc_off(a); /* callbacks see every mapping change in order: all under the lock */
     a->cb = cb;
     return cb;
 }

@@ -397,6 +397,19 @@ static int parse_pow2_size(const char *key, token v, size_t *out)
     return VMM_OK;
 }
 
+static int p_thread_cache(vmm_config *c, const char *key, token v)
+{
+    size_t x;
+    if (vmm_parse_size(v.s, v.len, &x) != 0 || x > VMM_GiB)
+        return bad_value(key, v, "a size of at most 1G, e.g. 4M, or 0 for off");
+    c->thread_cache = x;
+    return VMM_OK;
+}
+static int f_thread_cache(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->thread_cache);
+}
+
 static int p_small_page(vmm_config *c, const char *key, token v)
 {
     return parse_pow2_size(key, v, &c->small_page_size);
@@ -417,6 +430,19 @@ static int p_large_page(vmm_config *c, const char *key, token v)
 static int f_large_page(const vmm_config *c, char *b, size_t n)
 {
     return format_size(b, n, c->large_page_size);
+}
+
+static int p_max_handle(vmm_config *c, const char *key, token v)
+{
+    size_t x;
+    if (vmm_parse_size(v.s, v.len, &x) != 0 || x < 4 * VMM_KiB || x % (4 * VMM_KiB) || x > VMM_GiB)
+        return bad_value(key, v, "a size that is a multiple of 4K, at most 1G, e.g. 20M");
+    c->max_handle_size = x;
+    return VMM_OK;
+}
+static int f_max_handle(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->max_handle_size);
 }
 
 static int p_sim_capacity(vmm_config *c, const char *key, token v)
@@ -578,6 +604,10 @@ static const option_desc options[] = {
      "bytes per mapped page in the small pool, a multiple of the granularity (default 2M)"},
     {"large_page_size", p_large_page, f_large_page,
      "bytes per mapped page in the large pool, a multiple of the granularity (default 2M)"},
+    {"max_handle_size", p_max_handle, f_max_handle,
+     "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 20M)"},
+    {"thread_cache", p_thread_cache, f_thread_cache,
+     "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; 0 turns it off (default 4M)"},
     {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
     {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
     {"sim_backed", p_sim_backed, f_sim_backed,
@@ -611,6 +641,10 @@ void vmm_config_defaults(vmm_config *c)
     /* 2 MiB: the CUDA granularity on current GPUs, so a free hole never strands more than 2 MiB. */
     c->small_page_size = 2 * VMM_MiB;
     c->large_page_size = 2 * VMM_MiB;
+    /* 20 MiB: PyTorch's large-pool page, the size whose per-call cost its note measures */
+    c->max_handle_size = 20 * VMM_MiB;
+    /* 4 MiB: a few hundred of the small blocks a step frees, a rounding error of a GPU's memory */
+    c->thread_cache = 4 * VMM_MiB;
     vmm_sim_default_options(&c->sim);
 }
 

@@ -324,11 +324,11 @@ void vmm_stream_rec_retire(vmm_allocator *a, vmm_stream s)
         r->retired = 1;
     }
     /* a live block used by the dead stream: its work there has run, no event to record at free */
-    for (size_t i = 0; i < a->live_cap; i++) {
-        vmm_block *b = a->live[i];
-        for (uint32_t k = 0; b && k < b->n_uses;) {
-            if (b->ext->uses[k] == s)
-                slot_drop(a, b, k);
+    vmm_block *lb;
+    VMM_LIVE_FOREACH(a, lb) {
+        for (uint32_t k = 0; k < lb->n_uses;) {
+            if (lb->ext->uses[k] == s)
+                slot_drop(a, lb, k);
             else
                 k++;
         }
@@ -365,9 +365,10 @@ void vmm_events_shutdown(vmm_allocator *a)
         vmm_pool_release(a, b);
     }
     /* live blocks hold the events prepared for their uses: every event goes back to be destroyed */
-    for (size_t i = 0; i < a->live_cap; i++) {
-        vmm_block *b = a->live[i];
-        for (uint32_t k = 0; b && k < b->n_uses; k++) {
+    vmm_block *lb;
+    VMM_LIVE_FOREACH(a, lb) {
+        vmm_block *b = lb;
+        for (uint32_t k = 0; k < b->n_uses; k++) {
             if (b->ext->events[k])
                 vmm_event_put(a, b->ext->events[k]);
             b->ext->events[k] = NULL;

@@ -89,9 +89,10 @@ void vmm_group_drop(vmm_allocator *a, vmm_block *b)
 
 void vmm_group_destroy_all(vmm_allocator *a)
 {
-    for (size_t i = 0; i < a->live_cap; i++)
-        if (a->live[i] && a->live[i]->group)
-            vmm_group_drop(a, a->live[i]);
+    vmm_block *b;
+    VMM_LIVE_FOREACH(a, b)
+        if (b->group)
+            vmm_group_drop(a, b);
 }
 
 size_t vmm_group_parts(const vmm_block *b) { return b->group ? b->group->n : 0; }

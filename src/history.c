@@ -793,6 +793,7 @@ VMM_API int vmm_record_history_ex(vmm_allocator *a, size_t max_entries, unsigned
             memset(h->ids, 0, h->cap * sizeof *h->ids);
         }
     }
+    vmm_tc_off(a); /* every event must pass under the lock to be recorded */
     a->history = h;
     vmm_unlock(a);
     history_free(a, old);

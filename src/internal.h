@@ -6,6 +6,7 @@
 #define VMM_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,8 @@ typedef struct vmm_config {
     double per_process_memory_fraction;  /* 1.0 = whole device */
     size_t small_page_size;              /* bytes mapped per page in the small pool */
     size_t large_page_size;              /* bytes mapped per page in the large pool */
+    size_t max_handle_size;              /* largest physical handle of the large pool (segment.c) */
+    size_t thread_cache;                 /* bytes each thread may keep freed for itself; 0 off */
     /* sim */
     vmm_sim_options sim;
 } vmm_config;
@@ -109,6 +112,10 @@ typedef enum vmm_block_state {
     VMM_BLOCK_DETACHING = 4, /* whole idle pages on their way out: still mapped, in no index, on
                               * the callbacks' detach list until before_unmap has run (callbacks.c) */
 } vmm_block_state;
+/* A block freed into a thread cache (tcache.c) keeps state ALLOCATED and its live-table slot, so
+ * that no code under the allocator lock ever sees a field change that only the thread's own lock
+ * guards: only `tcached` (1) and `requested` change, and nothing but the owner thread, vmm_free's
+ * double-free check and the drains (which hold both locks) reads them. */
 
 typedef struct vmm_block vmm_block;
 typedef struct vmm_segment vmm_segment;
@@ -142,6 +149,7 @@ struct vmm_block {
     uint32_t prio;             /* treap priority */
     uint8_t state;             /* vmm_block_state */
     uint8_t in_index;          /* 1 while in a free / unmapped treap */
+    uint8_t tcached;           /* 1 while in a thread cache (see above); guarded by its lock */
     uint32_t n_uses;           /* streams in ext->uses (0 when ext is NULL) */
     vmm_block *prev;           /* address neighbours inside the segment */
     /* ---- second cache line ---- */
@@ -168,8 +176,11 @@ struct vmm_segment {
     int pool;                  /* VMM_SMALL / VMM_LARGE */
     int expandable;
     size_t page_size;          /* expandable: bytes per page */
+    size_t max_handle_pages;   /* expandable: most pages one physical handle covers (segment.c) */
     size_t n_pages;
-    vmm_phys *pages;           /* expandable: handle mapped at each page, 0 when unmapped */
+    vmm_phys *pages;           /* expandable: handle mapped at each page, 0 when unmapped; a handle
+                                * covering several pages is named at each, so its extent is the
+                                * run of equal entries (vmm_seg_handle_pages) */
     size_t mapped_pages;
     vmm_block *first;          /* lowest block */
     vmm_segment *prev, *next;  /* allocator's segment list */
@@ -232,6 +243,19 @@ typedef struct vmm_quarantined {
     int pool;
 } vmm_quarantined;
 
+/* The live table: pointer -> allocated block, in shards chosen by the pointer's 2 MiB region, so
+ * that threads allocating on their own streams (so in their own segments) look blocks up without
+ * sharing a cache line. A shard: open addressing, linear probing, backward-shift deletion, a lock
+ * of its own. Writers hold the allocator lock and the shard's; a thread cache's lookup (tcache.c)
+ * holds only the shard's; readers holding the allocator lock need no shard lock. */
+enum { VMM_LIVE_SHARDS = 256 };
+typedef struct vmm_live_shard {
+    _Alignas(64) _Atomic int lock;
+    vmm_block **t;
+    size_t cap, n;
+} vmm_live_shard;
+_Static_assert(sizeof(vmm_live_shard) == 64, "vmm_live_shard: one cache line each");
+
 struct vmm_allocator {
     _Atomic int lock;                  /* vmm_lock: 0 free, 1 held, 2 held with sleepers */
     vmm_config cfg;
@@ -244,8 +268,7 @@ struct vmm_allocator {
     vmm_block *free_tree[VMM_NPOOLS];  /* mapped free blocks by (stream, size, addr) */
     vmm_block *unmapped_tree[VMM_NPOOLS];
     size_t n_free_blocks, n_unmapped_blocks;
-    vmm_block **live;                  /* open addressing ptr -> block */
-    size_t live_cap, live_n;
+    size_t live_n;                     /* blocks in the live table (thread-cached ones too) */
     vmm_segment *segs;
     size_t n_segs;
     vmm_free_handle *fh;               /* per-device cache of unmapped physical handles */
@@ -286,6 +309,10 @@ struct vmm_allocator {
     struct vmm_route *routes;          /* vmm_pool_begin routes in force, oldest first */
     size_t n_routes, cap_routes;       /* n_routes != 0: captures underway (malloc routes, defers) */
     struct vmm_capture *capture;       /* capture.c: uses recorded on capturing streams */
+    /* ---- read by the thread caches' fast paths without the allocator lock: never written while
+     * the allocator is in use (tcs itself is; its `on` flag is atomic) ---- */
+    _Alignas(64) struct vmm_tc_state *tcs; /* thread caches (tcache.c); set by vmm_create */
+    vmm_live_shard live[VMM_LIVE_SHARDS];
 };
 
 /* ---- stats.c ------------------------------------------------------------------------------ */
@@ -411,6 +438,14 @@ void vmm_live_remove(vmm_allocator *a, vmm_block *b);
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot);
 void vmm_live_remove_at(vmm_allocator *a, size_t slot);
 void vmm_live_free_table(vmm_allocator *a);
+/* Lookup without the allocator lock (thread caches): the block at addr, thread-cached or not, or
+ * NULL. Holds the shard's lock for the probe only. */
+vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr);
+/* Every block in the live table, thread-cached ones included (allocator lock held). */
+#define VMM_LIVE_FOREACH(a, b)                                                                 \
+    for (size_t vmm_s_ = 0; vmm_s_ < VMM_LIVE_SHARDS; vmm_s_++)                               \
+        for (size_t vmm_i_ = 0; vmm_i_ < (a)->live[vmm_s_].cap; vmm_i_++)                     \
+            if (((b) = (a)->live[vmm_s_].t[vmm_i_]) != NULL)
 
 /* ---- events.c ----------------------------------------------------------------------------- */
 
@@ -457,11 +492,11 @@ void vmm_stream_rec_revive(vmm_allocator *a, vmm_stream s);
  * short; other codes for driver failures (state unchanged). */
 int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
                  size_t *short_pages);
-/* Unmap idle whole pages inside FREE blocks until `want` handles were freed (SIZE_MAX: all).
+/* Unmap idle whole handles inside FREE blocks until `want` pages were freed (SIZE_MAX: all).
  * Returns the number of pages unmapped. */
 size_t vmm_seg_reclaim(vmm_allocator *a, size_t want);
-/* Release cached handles to the driver (all, or just those not of `keep_size`, until `need`
- * bytes were released); returns bytes released. */
+/* Release cached handles to the driver (all, or just those whose size is not a multiple of
+ * `keep_size`, until `need` bytes were released); returns bytes released. */
 size_t vmm_handles_release(vmm_allocator *a, size_t keep_size, size_t need);
 /* Free reservations that are wholly unmapped. */
 void vmm_seg_free_empty(vmm_allocator *a);
@@ -482,10 +517,17 @@ const vmm_quarantined *vmm_quarantine_find(const vmm_allocator *a, uintptr_t va)
  * (peers included), as growth does: VMM_ENOMEM with *short_pages when memory is short; on any
  * failure nothing is mapped. Block states are the caller's business (sleep.c: wake). */
 int vmm_seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages);
-/* Unmap page pg of seg (no-op when unmapped) and release its handle (release = 1; a handle the
- * driver will not release is cached) or cache it (0). VMM_EDRIVER when the unmap fails (nothing
- * changed), VMM_EHOSTMEM. Block states are the caller's business. */
+/* Unmap the handle mapped at page pg of seg, every page it covers (no-op when unmapped), and
+ * release it (release = 1; a handle the driver will not release is cached) or cache it (0).
+ * VMM_EDRIVER when the unmap fails (nothing changed), VMM_EHOSTMEM. Block states are the caller's
+ * business. */
 int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int release);
+/* Pages from pg to the end of the handle mapped there (1 when pg is unmapped). */
+size_t vmm_seg_handle_pages(const vmm_segment *s, size_t pg);
+/* Physical handles mapped in s (vmm_check counts handles). */
+size_t vmm_seg_handles(const vmm_segment *s);
+/* vmm_check's part: handle extents of s; NULL when right, else what is wrong (*at: where). */
+const char *vmm_seg_check_handles(const vmm_segment *s, uintptr_t *at);
 /* Unmap the pages of a DETACHING block after its before_unmap (callbacks.c): see segment.c. */
 size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest);
 
@@ -573,6 +615,64 @@ void vmm_mempool_destroy_all(vmm_allocator *a);
 
 void vmm_lock(vmm_allocator *a);
 void vmm_unlock(vmm_allocator *a);
+/* The futex mutex behind vmm_lock, for other locks (live shards, thread caches). Word: 0 free,
+ * 1 held, 2 held with sleepers. The fast paths are inline: one RMW each way. */
+void vmm_mutex_lock_slow(_Atomic int *w);
+void vmm_mutex_wake(_Atomic int *w);
+static inline void vmm_mutex_lock(_Atomic int *w)
+{
+    int c = 0;
+    if (VMM_UNLIKELY(!atomic_compare_exchange_strong_explicit(w, &c, 1, memory_order_acquire,
+                                                              memory_order_relaxed)))
+        vmm_mutex_lock_slow(w);
+}
+static inline void vmm_mutex_unlock(_Atomic int *w)
+{
+    if (VMM_UNLIKELY(atomic_exchange_explicit(w, 0, memory_order_release) == 2))
+        vmm_mutex_wake(w);
+}
+
+/* ---- tcache.c: thread caches --------------------------------------------------------------- */
+
+typedef struct vmm_tcache vmm_tcache;
+typedef struct vmm_tc_state vmm_tc_state;
+/* Give a cached block back to its pool (allocator lock held, block no longer tcached): the
+ * structural part of a free, no stats (the cache's delta counted it). alloc.c's. */
+typedef void (*vmm_tc_release_fn)(vmm_allocator *a, vmm_block *b);
+/* vmm_create: caches of at most cap_bytes (0: off); simple_round: sizes up to 64 KiB round to
+ * 512 B steps. VMM_EHOSTMEM. */
+int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_release_fn release);
+/* vmm_destroy: first (no lock held) unregister, so exiting threads leave a alone; then (lock
+ * held) give back every cache's blocks and free the caches. */
+void vmm_tc_unregister(vmm_allocator *a);
+void vmm_tc_destroy(vmm_allocator *a);
+/* Fast paths, allocator lock NOT held: 1 when served by the calling thread's cache, 0 when the
+ * allocator must do it (nothing changed). malloc: a block of size's rounded size on stream s. */
+int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr);
+int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim);
+/* Allocator lock held: fold every cache's stats deltas (stats readers), or the calling thread's
+ * own (before its slow path changes the counters, which keeps its peaks exact). */
+void vmm_tc_fold(vmm_allocator *a);
+void vmm_tc_fold_self(vmm_allocator *a);
+/* Allocator lock held: give every cache's blocks back (or the calling thread's only); returns the
+ * bytes given back. */
+size_t vmm_tc_drain(vmm_allocator *a, int self_only);
+size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc);
+/* Allocator lock held: the older half of the calling thread's bin of blocks of `size` back, or of
+ * every bin (size SIZE_MAX): a miss that found no fit, a full bin, a full cache; the thread keeps
+ * its warm blocks. Returns the bytes given back. */
+size_t vmm_tc_trim_self(vmm_allocator *a, size_t size);
+/* Allocator lock held: caches off for good, drained: sleep, IPC, tags, private pools, history and
+ * callbacks need every malloc and free to pass under the allocator lock. */
+void vmm_tc_off(vmm_allocator *a);
+int vmm_tc_on(const vmm_allocator *a);
+/* Allocator lock held: caches drained and off until vmm_tc_resume (with pause's return), so that
+ * the caller sees one state no thread changes meanwhile (vmm_check, snapshots). */
+int vmm_tc_pause(vmm_allocator *a);
+void vmm_tc_resume(vmm_allocator *a, int was);
+/* Caches, bytes they hold, and counts so far: mallocs served and not, frees kept and not (the
+ * allocator's); allocator lock held. */
+void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t counts[4]);
 
 /* ---- sleep.c: tags, lanes, sleep / wake --------------------------------------------------- */
 

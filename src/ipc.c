@@ -77,8 +77,10 @@ typedef struct vmm_ipc ipc_state;
 
 static ipc_state *ipc_get(vmm_allocator *a)
 {
-    if (!a->ipc)
+    if (!a->ipc) {
+        vmm_tc_off(a); /* a shared block's free must reach vmm_ipc_hold */
         a->ipc = vmm_meta_alloc(a->meta, sizeof(ipc_state));
+    }
     return a->ipc;
 }
 

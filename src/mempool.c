@@ -184,6 +184,7 @@ static int begin(vmm_allocator *a, uint64_t id0, uint64_t id1, vmm_stream stream
         mp->use_count = mp->use_count > 0 ? mp->use_count + 1 : 1;
         mp->freeable = 0;
         mp->routed = 1;
+        vmm_tc_off(a); /* routed allocations go to private pools: all under the lock */
         a->routes[a->n_routes++] = (vmm_route){mp, stream, filter, ctx, all};
     }
     vmm_unlock(a);

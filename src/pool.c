@@ -104,6 +104,7 @@ static inline void block_init(vmm_block *f, uintptr_t addr, size_t size, vmm_seg
     f->left = f->right = NULL;
     f->state = VMM_BLOCK_FREE;
     f->in_index = 0;
+    f->tcached = 0;
     f->n_uses = 0;
     f->prev = prev;
     f->next = next;
@@ -278,7 +279,8 @@ vmm_block *vmm_tree_next(vmm_block *t, const vmm_block *b)
 
 /* ---- pools -------------------------------------------------------------------------------- */
 
-static void live_put(vmm_block **t, size_t cap, vmm_block *b);
+static int live_reserve(vmm_allocator *a, uintptr_t addr);
+static void live_put_block(vmm_allocator *a, vmm_block *b);
 
 static int is_split(const vmm_block *b) { return b->prev || b->next; }
 
@@ -437,10 +439,11 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
                             int fitted)
 {
     vmm_block *b = *bp;
-    if (VMM_UNLIKELY(a->live_n + 1 > a->live_cap / LIVE_LOAD_DIV)) {
-        /* grow first so the insert below cannot fail after the block changed */
-        int rc = vmm_live_insert(a, NULL);
-        if (rc)
+    {
+        /* room first so the insert below cannot fail after the block changed (the allocated
+         * block keeps b's address whichever way it is split) */
+        int rc = live_reserve(a, b->addr);
+        if (VMM_UNLIKELY(rc))
             return rc;
     }
     if (!should_split(a, b, size)) {
@@ -461,9 +464,7 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
     int pool = b->seg->pool;
     b->state = VMM_BLOCK_ALLOCATED;
     b->requested = requested;
-    /* room was made above */
-    live_put(a->live, a->live_cap, b);
-    a->live_n++;
+    live_put_block(a, b); /* room was made above */
     vmm_stats *st = &a->stats;
     int64_t all_n = vmm_hot_up(st->allocation, pool, 1);
     int64_t all_b = vmm_hot_up(st->allocated_bytes, pool, (int64_t)b->size);
@@ -485,6 +486,7 @@ int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requeste
 {
     return pool_take(a, bp, size, requested, fitted);
 }
+
 
 int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, size_t size, vmm_stream s,
                            vmm_block **out, size_t *rounded, int *pool)
@@ -566,7 +568,17 @@ void vmm_pool_release(vmm_allocator *a, vmm_block *b)
     vmm_pool_insert(a, b);
 }
 
-/* ---- live table: open addressing, linear probing, backward-shift deletion ---------------- */
+/* ---- live table: shards of open addressing, linear probing, backward-shift deletion ------ */
+
+_Static_assert((VMM_LIVE_SHARDS & (VMM_LIVE_SHARDS - 1)) == 0, "shard count: a power of two");
+enum { LIVE_SHARD_SHIFT = 64 - __builtin_ctz(VMM_LIVE_SHARDS) }; /* top bits of the hash pick it */
+
+/* Shard of a pointer: its 2 MiB region hashed (Fibonacci hashing), so one segment's blocks spread
+ * over few shards and two streams' segments seldom share one. */
+static inline size_t live_shard_of(uintptr_t addr)
+{
+    return (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+}
 
 static size_t live_hash(uintptr_t addr, size_t mask)
 {
@@ -581,37 +593,67 @@ static void live_put(vmm_block **t, size_t cap, vmm_block *b)
     t[i] = b;
 }
 
-int vmm_live_insert(vmm_allocator *a, vmm_block *b)
+/* Room for one more block in the shard of addr (allocator lock held); the swap to a larger table
+ * holds the shard lock, since a thread cache may be reading the old one. */
+static int live_reserve(vmm_allocator *a, uintptr_t addr)
 {
-    if (a->live_n + 1 > a->live_cap / LIVE_LOAD_DIV) {
-        size_t ncap = a->live_cap ? a->live_cap * 2 : LIVE_MIN_CAP;
-        vmm_block **nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
-        if (!nt)
-            return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
-        for (size_t i = 0; i < a->live_cap; i++)
-            if (a->live[i])
-                live_put(nt, ncap, a->live[i]);
-        if (a->live)
-            vmm_meta_free(a->meta, a->live, a->live_cap * sizeof *a->live);
-        a->live = nt;
-        a->live_cap = ncap;
-    }
-    if (b) {
-        live_put(a->live, a->live_cap, b);
-        a->live_n++;
-    }
+    vmm_live_shard *sh = &a->live[live_shard_of(addr)];
+    if (VMM_LIKELY(sh->n + 1 <= sh->cap / LIVE_LOAD_DIV))
+        return VMM_OK;
+    size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
+    vmm_block **nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
+    if (!nt)
+        return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
+    for (size_t i = 0; i < sh->cap; i++)
+        if (sh->t[i])
+            live_put(nt, ncap, sh->t[i]);
+    vmm_block **old = sh->t;
+    size_t old_cap = sh->cap;
+    vmm_mutex_lock(&sh->lock);
+    sh->t = nt;
+    sh->cap = ncap;
+    vmm_mutex_unlock(&sh->lock);
+    if (old)
+        vmm_meta_free(a->meta, old, old_cap * sizeof *old);
     return VMM_OK;
 }
 
+/* Put b in its shard, which has room (live_reserve). */
+static void live_put_block(vmm_allocator *a, vmm_block *b)
+{
+    vmm_live_shard *sh = &a->live[live_shard_of(b->addr)];
+    vmm_mutex_lock(&sh->lock);
+    live_put(sh->t, sh->cap, b);
+    sh->n++;
+    vmm_mutex_unlock(&sh->lock);
+    a->live_n++;
+}
+
+int vmm_live_insert(vmm_allocator *a, vmm_block *b)
+{
+    int rc = live_reserve(a, b->addr);
+    if (rc == VMM_OK)
+        live_put_block(a, b);
+    return rc;
+}
+
+/* A slot names the shard and the index in it. */
+static inline size_t slot_make(size_t shard, size_t i) { return i * VMM_LIVE_SHARDS + shard; }
+
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
 {
-    if (!a->live_cap)
+    size_t s = live_shard_of(addr);
+    const vmm_live_shard *sh = &a->live[s];
+    if (!sh->cap)
         return NULL;
-    size_t mask = a->live_cap - 1;
-    for (size_t i = live_hash(addr, mask); a->live[i]; i = (i + 1) & mask)
-        if (a->live[i]->addr == addr) {
-            *slot = i;
-            return a->live[i];
+    size_t mask = sh->cap - 1;
+    for (size_t i = live_hash(addr, mask); sh->t[i]; i = (i + 1) & mask)
+        if (sh->t[i]->addr == addr) {
+            /* a block in a thread cache is freed as far as callers go */
+            if (sh->t[i]->tcached)
+                return NULL;
+            *slot = slot_make(s, i);
+            return sh->t[i];
         }
     return NULL;
 }
@@ -622,36 +664,64 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
     return vmm_live_find_slot(a, addr, &slot);
 }
 
-void vmm_live_remove(vmm_allocator *a, vmm_block *b)
+vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
 {
-    size_t mask = a->live_cap - 1;
-    size_t i = live_hash(b->addr, mask);
-    while (a->live[i] != b)
-        i = (i + 1) & mask;
-    vmm_live_remove_at(a, i);
+    vmm_live_shard *sh = &a->live[live_shard_of(addr)];
+    vmm_block *found = NULL;
+    vmm_mutex_lock(&sh->lock);
+    if (sh->cap) {
+        size_t mask = sh->cap - 1;
+        for (size_t i = live_hash(addr, mask); sh->t[i]; i = (i + 1) & mask)
+            if (sh->t[i]->addr == addr) {
+                found = sh->t[i];
+                break;
+            }
+    }
+    vmm_mutex_unlock(&sh->lock);
+    return found;
 }
 
-void vmm_live_remove_at(vmm_allocator *a, size_t i)
+void vmm_live_remove(vmm_allocator *a, vmm_block *b)
 {
-    size_t mask = a->live_cap - 1;
-    a->live[i] = NULL;
-    a->live_n--;
+    size_t s = live_shard_of(b->addr);
+    const vmm_live_shard *sh = &a->live[s];
+    size_t mask = sh->cap - 1;
+    size_t i = live_hash(b->addr, mask);
+    while (sh->t[i] != b)
+        i = (i + 1) & mask;
+    vmm_live_remove_at(a, slot_make(s, i));
+}
+
+void vmm_live_remove_at(vmm_allocator *a, size_t slot)
+{
+    vmm_live_shard *sh = &a->live[slot % VMM_LIVE_SHARDS];
+    size_t i = slot / VMM_LIVE_SHARDS;
+    size_t mask = sh->cap - 1;
+    vmm_mutex_lock(&sh->lock);
+    sh->t[i] = NULL;
+    sh->n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */
-    for (size_t j = (i + 1) & mask; a->live[j]; j = (j + 1) & mask) {
-        size_t home = live_hash(a->live[j]->addr, mask);
+    for (size_t j = (i + 1) & mask; sh->t[j]; j = (j + 1) & mask) {
+        size_t home = live_hash(sh->t[j]->addr, mask);
         int movable = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
         if (movable) {
-            a->live[i] = a->live[j];
-            a->live[j] = NULL;
+            sh->t[i] = sh->t[j];
+            sh->t[j] = NULL;
             i = j;
         }
     }
+    vmm_mutex_unlock(&sh->lock);
+    a->live_n--;
 }
 
 void vmm_live_free_table(vmm_allocator *a)
 {
-    if (a->live)
-        vmm_meta_free(a->meta, a->live, a->live_cap * sizeof *a->live);
-    a->live = NULL;
-    a->live_cap = a->live_n = 0;
+    for (size_t s = 0; s < VMM_LIVE_SHARDS; s++) {
+        vmm_live_shard *sh = &a->live[s];
+        if (sh->t)
+            vmm_meta_free(a->meta, sh->t, sh->cap * sizeof *sh->t);
+        sh->t = NULL;
+        sh->cap = sh->n = 0;
+    }
+    a->live_n = 0;
 }

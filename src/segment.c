@@ -1,9 +1,20 @@
 /*
- * Segments and pages. Expandable segments are VA reservations whose pages (one physical handle
- * each: CUDA maps whole handles only) are mapped on demand at the lowest unmapped address that
- * fits; idle whole pages inside free blocks are unmapped into a per-device cache of handles and
- * mapped again wherever a request needs them, so physical memory moves and data never does.
- * Classic segments are mem_alloc (cuMemAlloc) allocations as in PyTorch's caching allocator.
+ * Segments and pages. Expandable segments are VA reservations whose pages are mapped on demand at
+ * the lowest unmapped address that fits; idle whole handles inside free blocks are unmapped into a
+ * per-device cache of handles and mapped again wherever a request needs them, so physical memory
+ * moves and data never does. Classic segments are mem_alloc (cuMemAlloc) allocations as in
+ * PyTorch's caching allocator.
+ *
+ * Handles sized by need. A page is the unit of placement (large_page_size, small_page_size); a
+ * physical handle covers one or more consecutive pages, up to max_handle_size in the large pool.
+ * Every driver call is paid per handle (cuMemCreate 193 us, cuMemMap, cuMemUnmap), so a growth of
+ * n pages takes ceil(n / max) handles of about equal size rather than n one-page handles, while the
+ * growth itself stays exactly what the request needs (no 20 MiB rounding of fixed big pages).
+ * CUDA maps and unmaps a handle whole; cuda.h on cuMemUnmap: "The range must be the entire
+ * contiguous address range that was mapped to. In other words, cuMemUnmap cannot unmap a sub-range
+ * of an address range mapped by cuMemCreate / cuMemMap." So reclaim takes only handles lying wholly
+ * inside an idle free block: a big handle with one page still in use stays mapped (its idle pages
+ * stay cached in the free block; under memory pressure the OOM path looks elsewhere).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,15 +90,7 @@ static void fh_put(vmm_allocator *a, vmm_phys h, size_t size, int pool)
     a->n_fh++;
 }
 
-static size_t fh_count(const vmm_allocator *a, size_t size)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < a->n_fh; i++)
-        n += a->fh[i].size == size;
-    return n;
-}
-
-/* Take a cached handle of `size`, counting its bytes in `pool` from now on. */
+/* Take a cached handle of exactly `size`, counting its bytes in `pool` from now on. */
 static int fh_take(vmm_allocator *a, size_t size, int pool, vmm_phys *out)
 {
     for (size_t i = a->n_fh; i-- > 0;) {
@@ -104,22 +107,141 @@ static int fh_take(vmm_allocator *a, size_t size, int pool, vmm_phys *out)
     return 0;
 }
 
+static int release_at(vmm_allocator *a, size_t i)
+{
+    int r = a->drv->ops->mem_release(a->drv, a->fh[i].h);
+    if (r)
+        return vmm_fail_drv(r, "mem_release");
+    vmm_stat_update(a->stats.reserved_bytes, a->fh[i].pool, -(int64_t)a->fh[i].size);
+    a->stats.num_device_free++;
+    a->n_handles--;
+    a->fh[i] = a->fh[--a->n_fh];
+    return VMM_OK;
+}
+
 size_t vmm_handles_release(vmm_allocator *a, size_t keep_size, size_t need)
 {
     size_t freed = 0;
     for (size_t i = a->n_fh; i-- > 0 && freed < need;) {
-        if (keep_size && a->fh[i].size == keep_size)
+        if (keep_size && a->fh[i].size % keep_size == 0)
             continue;
-        int r = a->drv->ops->mem_release(a->drv, a->fh[i].h);
-        if (r) {
-            vmm_fail_drv(r, "mem_release");
+        size_t sz = a->fh[i].size;
+        if (release_at(a, i) != VMM_OK)
+            break;
+        freed += sz;
+    }
+    return freed;
+}
+
+/* ---- handle plans ------------------------------------------------------------------------- */
+
+/* Most pages one handle may cover in segments of `pool`. Exportable pages stay one per handle:
+ * vmm_ipc_get_handle exports, and vmm_ipc_open maps, one handle per page (ipc.c). The small pool
+ * keeps its pages single too: its growths are one page. */
+enum { HANDLE_PAGES_MAX = 512 }; /* bounds the plan's table (1 GiB of 2 MiB pages) */
+static size_t handle_pages_max(const vmm_allocator *a, int pool)
+{
+    size_t ps = a->page_size[pool];
+    if (pool != VMM_LARGE || a->dev.posix_fd_handles || a->cfg.max_handle_size <= ps)
+        return 1;
+    size_t m = a->cfg.max_handle_size / ps;
+    return m < HANDLE_PAGES_MAX ? m : HANDLE_PAGES_MAX;
+}
+
+/* The handles for a mapping of n pages of size ps, at most m pages per handle: cached handles that
+ * fit first, largest first (a remap costs an unmap and a map, a new handle a create as well); when
+ * some pages are left and the mapping may run on to n_max pages, one cached handle that covers the
+ * rest and overshoots by no more than that (its bytes are reserved already: mapping them costs no
+ * memory, and the surplus is a free block for later requests); what is still left in
+ * ceil(left / m) new handles of about equal size. With `tail` (growth), the last page gets a
+ * handle of its own: it usually also holds the bytes of the requests placed after this one, and
+ * whatever is placed there later straddles the growth's end, so a big handle reaching into it
+ * would stay mapped while any of them lives, where a one-page handle lets the rest go back once
+ * this request's range is free. It costs one create per growth and buys most of the peak
+ * (measured: without it the replays reserve up to 0.4% more at their peak; docs/benchmarks.md,
+ * "Driver calls: handles sized by need"). */
+typedef struct handle_plan {
+    size_t n;                  /* pages mapped (n, or more with an overshooting cached handle) */
+    size_t n_cached;           /* handles taken from the cache: chunk[0 .. n_cached) */
+    size_t n_new;              /* handles to create: chunk[n_cached .. n_cached + n_new) */
+    size_t cached_pages, new_pages;
+    size_t *chunk;             /* pages per handle, in mapping order; NULL: counts only */
+    size_t keep[HANDLE_PAGES_MAX + 1]; /* cached handles taken, by pages */
+} handle_plan;
+
+static void plan_handles(const vmm_allocator *a, size_t ps, size_t m, size_t n, size_t n_max,
+                         int tail, handle_plan *pl)
+{
+    size_t cnt[HANDLE_PAGES_MAX + 1] = {0};
+    for (size_t i = 0; i < a->n_fh; i++) {
+        size_t sz = a->fh[i].size;
+        if (sz % ps == 0 && sz / ps <= m)
+            cnt[sz / ps]++;
+    }
+    size_t *chunk = pl->chunk, k = 0, left = n;
+    for (size_t i = 0; i <= m; i++)
+        pl->keep[i] = 0;
+    for (size_t p = m < left ? m : left; p >= 1 && left; p--) {
+        size_t t = cnt[p] < left / p ? cnt[p] : left / p;
+        cnt[p] -= t;
+        pl->keep[p] += t;
+        left -= t * p;
+        for (; chunk && t; t--)
+            chunk[k++] = p;
+        if (p > left && left)
+            p = left + 1; /* next round: the largest that still fits */
+    }
+    if (!chunk)
+        for (size_t p = 1; p <= m; p++)
+            k += pl->keep[p];
+    pl->n = n;
+    if (left && n_max > n) {
+        for (size_t p = left + 1; p <= m && p <= left + (n_max - n); p++) {
+            if (!cnt[p])
+                continue;
+            pl->keep[p]++;
+            if (chunk)
+                chunk[k] = p;
+            k++;
+            pl->n = n - left + p;
+            left = 0;
             break;
         }
-        freed += a->fh[i].size;
-        vmm_stat_update(a->stats.reserved_bytes, a->fh[i].pool, -(int64_t)a->fh[i].size);
-        a->stats.num_device_free++;
-        a->n_handles--;
-        a->fh[i] = a->fh[--a->n_fh];
+    }
+    pl->n_cached = k;
+    pl->cached_pages = pl->n - left;
+    pl->new_pages = left;
+    if (tail && left > 1 && m > 1) {
+        /* the last page alone: see seg_map_pages */
+        size_t l = left - 1, nn = (l + m - 1) / m;
+        pl->n_new = nn + 1;
+        for (size_t j = 0; chunk && j < nn; j++)
+            chunk[k + j] = l / nn + (j < l % nn);
+        if (chunk)
+            chunk[k + nn] = 1;
+        return;
+    }
+    pl->n_new = (left + m - 1) / m;
+    for (size_t j = 0; chunk && j < pl->n_new; j++)
+        chunk[k + j] = left / pl->n_new + (j < left % pl->n_new);
+}
+
+/* Release cached handles the plan does not take, until `need` bytes were released. */
+static size_t release_unplanned(vmm_allocator *a, size_t ps, size_t m, const handle_plan *pl, size_t need)
+{
+    size_t keep[HANDLE_PAGES_MAX + 1], freed = 0;
+    for (size_t i = 0; i <= m; i++)
+        keep[i] = pl->keep[i];
+    for (size_t i = a->n_fh; i-- > 0 && freed < need;) {
+        size_t sz = a->fh[i].size;
+        if (sz % ps == 0 && sz / ps <= m && keep[sz / ps]) {
+            keep[sz / ps]--;
+            continue;
+        }
+        if (release_at(a, i) != VMM_OK)
+            break;
+        freed += sz;
+        /* release_at moved the last entry to i: it was looked at already */
     }
     return freed;
 }
@@ -205,121 +327,201 @@ static size_t quar_retry(vmm_allocator *a, int tries, int report)
     return a->n_quar;
 }
 
-/* Map pages [p0, p0 + n) of seg with cached or new handles and one set_access call.
- * On failure nothing is mapped as far as the page table knows; handles created on the way stay
- * cached, and pages the driver would not unmap go to the quarantine with their handles. */
-static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages)
+/* Map pages [p0, p0 + n) of seg with cached or new handles (see plan_handles) and one set_access
+ * call; up to n_max pages when a cached handle overshoots (growth into a larger unmapped block),
+ * *mapped tells how many. On failure nothing is mapped as far as the page table knows; handles
+ * created on the way stay cached, and handles the driver would not unmap go to the quarantine. */
+static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t n_max,
+                         int tail, size_t *mapped_out, size_t *short_pages)
 {
     const vmm_driver_ops *ops = a->drv->ops;
-    size_t ps = seg->page_size;
+    size_t ps = seg->page_size, m = seg->max_handle_pages;
     if (quar_overlaps(a, seg->base + p0 * ps, n * ps))
         return vmm_fail(VMM_EDRIVER, "pages at 0x%llx are still mapped after a failed unmap",
                         (unsigned long long)(seg->base + p0 * ps));
-    if (quar_reserve(a, a->n_quar + n) != VMM_OK)
-        return VMM_EHOSTMEM;
-    /* the after_map notice is made now, so that announcing the mapping cannot fail */
-    if (VMM_UNLIKELY(a->cb_mapping) && vmm_cb_reserve(a, n) != VMM_OK)
-        return VMM_EHOSTMEM;
-    size_t cached = fh_count(a, ps);
-    if (cached < n) {
-        size_t want = (n - cached) * ps;
-        size_t room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
-        if (room < want) /* handles of another page size only hold memory: let them go */
-            vmm_handles_release(a, ps, want - room);
-        room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
-        if (cached + room / ps < n) {
-            *short_pages = n - cached - room / ps;
-            return VMM_ENOMEM;
-        }
-        if (fh_reserve(a, a->n_handles + (n - cached)) != VMM_OK)
-            return VMM_EHOSTMEM;
-    }
-    vmm_phys *hs = vmm_meta_alloc(a->meta, n * sizeof *hs);
-    if (!hs)
+    if (n_max > n && quar_overlaps(a, seg->base + (p0 + n) * ps, (n_max - n) * ps))
+        n_max = n;
+    size_t *chunk = vmm_meta_alloc(a->meta, (n + 1) * (sizeof *chunk + sizeof(vmm_phys)));
+    if (!chunk)
         return vmm_fail(VMM_EHOSTMEM, "out of host memory for a page list");
-    size_t reused = 0, got = 0, mapped = 0;
+    vmm_phys *hs = (vmm_phys *)(chunk + n + 1);
+    size_t list_bytes = (n + 1) * (sizeof *chunk + sizeof(vmm_phys));
+    handle_plan pl;
+    pl.chunk = chunk;
+    plan_handles(a, ps, m, n, n_max, tail, &pl);
+    size_t nh = pl.n_cached + pl.n_new, total = pl.n;
     int rc = VMM_OK;
-    for (; got < n; got++) {
-        if (fh_take(a, ps, seg->pool, &hs[got])) {
-            reused++;
+    if (quar_reserve(a, a->n_quar + nh) != VMM_OK ||
+        /* the after_map notice is made now, so that announcing the mapping cannot fail */
+        (VMM_UNLIKELY(a->cb_mapping) && vmm_cb_reserve(a, total) != VMM_OK)) {
+        vmm_meta_free(a->meta, chunk, list_bytes);
+        return VMM_EHOSTMEM;
+    }
+    if (pl.new_pages) {
+        size_t want = pl.new_pages * ps;
+        size_t room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
+        /* cached handles this mapping cannot use only hold memory: let them go when the cap is in
+         * the way, or when keeping them would lift reserved bytes past their high-water mark */
+        size_t over = reserved_now(a) + want > a->reserved_hwm ? reserved_now(a) + want - a->reserved_hwm : 0;
+        size_t lack = room < want ? want - room : 0;
+        if (over > lack)
+            lack = over;
+        if (lack)
+            release_unplanned(a, ps, m, &pl, lack);
+        room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
+        if (room / ps < pl.new_pages)
+            rc = VMM_ENOMEM, *short_pages = pl.new_pages - room / ps;
+        else if (fh_reserve(a, a->n_handles + pl.n_new) != VMM_OK)
+            rc = VMM_EHOSTMEM;
+        if (rc) {
+            vmm_meta_free(a->meta, chunk, list_bytes);
+            return rc;
+        }
+    }
+    size_t got = 0, mapped = 0, reused = 0;
+    for (; got < nh; got++) {
+        size_t sz = chunk[got] * ps;
+        if (got < pl.n_cached) {
+            fh_take(a, sz, seg->pool, &hs[got]); /* counted by plan_handles: cannot fail */
+            reused += chunk[got];
             continue;
         }
-        int r = ops->mem_create(a->drv, ps, &hs[got]);
+        int r = ops->mem_create(a->drv, sz, &hs[got]);
         if (r) {
             /* keep what was made in the cache; the caller may free pages and retry */
             rc = r == VMM_DRV_OUT_OF_MEMORY ? VMM_ENOMEM : vmm_fail_drv(r, "mem_create");
-            *short_pages = n - got;
+            size_t made = 0;
+            for (size_t k = pl.n_cached; k < got; k++)
+                made += chunk[k];
+            *short_pages = pl.new_pages - made;
             break;
         }
         a->stats.num_device_alloc++;
         a->n_handles++;
-        vmm_stat_update(a->stats.reserved_bytes, seg->pool, (int64_t)ps);
+        vmm_stat_update(a->stats.reserved_bytes, seg->pool, (int64_t)sz);
         if (reserved_now(a) > a->reserved_hwm)
             a->reserved_hwm = reserved_now(a);
     }
-    for (; rc == VMM_OK && mapped < n; mapped++) {
-        int r = ops->mem_map(a->drv, seg->base + (p0 + mapped) * ps, ps, 0, hs[mapped]);
+    for (size_t off = 0; rc == VMM_OK && mapped < nh; off += chunk[mapped++]) {
+        int r = ops->mem_map(a->drv, seg->base + (p0 + off) * ps, chunk[mapped] * ps, 0, hs[mapped]);
         if (r)
             rc = vmm_fail_drv(r, "mem_map");
         if (r)
             break;
     }
     if (rc == VMM_OK) {
-        int r = ops->set_access(a->drv, seg->base + p0 * ps, n * ps);
+        int r = ops->set_access(a->drv, seg->base + p0 * ps, total * ps);
         if (r)
             rc = vmm_fail_drv(r, "set_access");
     }
     if (rc != VMM_OK) {
-        for (size_t k = 0; k < got; k++) {
-            uintptr_t va = seg->base + (p0 + k) * ps;
-            if (k < mapped && unmap_page(a, va, ps, UNMAP_TRIES) != VMM_DRV_SUCCESS)
-                a->quar[a->n_quar++] = (vmm_quarantined){va, ps, hs[k], seg->pool};
+        for (size_t k = 0, off = 0; k < got; off += chunk[k++]) {
+            uintptr_t va = seg->base + (p0 + off) * ps;
+            size_t sz = chunk[k] * ps;
+            if (k < mapped && unmap_page(a, va, sz, UNMAP_TRIES) != VMM_DRV_SUCCESS)
+                a->quar[a->n_quar++] = (vmm_quarantined){va, sz, hs[k], seg->pool};
             else
-                fh_put(a, hs[k], ps, seg->pool);
+                fh_put(a, hs[k], sz, seg->pool);
         }
-        vmm_meta_free(a->meta, hs, n * sizeof *hs);
+        vmm_meta_free(a->meta, chunk, list_bytes);
         return rc;
     }
-    for (size_t k = 0; k < n; k++)
-        seg->pages[p0 + k] = hs[k];
-    seg->mapped_pages += n;
-    VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, seg->base + p0 * ps, n * ps, seg->stream);
-    vmm_stat_update(a->stats.mapped_bytes, seg->pool, (int64_t)(n * ps));
-    a->stats.num_pages_mapped += (int64_t)n;
+    for (size_t k = 0, off = 0; k < nh; off += chunk[k++])
+        for (size_t j = 0; j < chunk[k]; j++)
+            seg->pages[p0 + off + j] = hs[k];
+    seg->mapped_pages += total;
+    VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, seg->base + p0 * ps, total * ps, seg->stream);
+    vmm_stat_update(a->stats.mapped_bytes, seg->pool, (int64_t)(total * ps));
+    a->stats.num_pages_mapped += (int64_t)total;
     a->stats.num_pages_remapped += (int64_t)reused;
-    vmm_meta_free(a->meta, hs, n * sizeof *hs);
+    vmm_meta_free(a->meta, chunk, list_bytes);
+    if (mapped_out)
+        *mapped_out = total;
     if (VMM_UNLIKELY(a->cb_mapping))
-        vmm_cb_mapped(a, seg, p0, n);
+        vmm_cb_mapped(a, seg, p0, total);
     return VMM_OK;
 }
 
 int vmm_seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages)
 {
-    return seg_map_pages(a, seg, p0, n, short_pages);
+    return seg_map_pages(a, seg, p0, n, n, 0, NULL, short_pages);
+}
+
+/* ---- handle extents ----------------------------------------------------------------------- */
+
+/* The page table names a handle at every page it covers, and a handle is mapped at one place
+ * only: its extent is the run of equal entries around any of its pages (at most
+ * max_handle_pages, so finding it costs a few steps). */
+static size_t handle_first(const vmm_segment *s, size_t pg)
+{
+    vmm_phys h = s->pages[pg];
+    while (pg > 0 && s->pages[pg - 1] == h)
+        pg--;
+    return pg;
+}
+
+static size_t handle_end(const vmm_segment *s, size_t pg)
+{
+    vmm_phys h = s->pages[pg];
+    while (pg < s->n_pages && s->pages[pg] == h)
+        pg++;
+    return pg;
+}
+
+size_t vmm_seg_handle_pages(const vmm_segment *s, size_t pg)
+{
+    return s->pages[pg] ? handle_end(s, pg) - pg : 1;
+}
+
+size_t vmm_seg_handles(const vmm_segment *s)
+{
+    size_t n = 0;
+    for (size_t pg = 0; s->expandable && pg < s->n_pages; pg++)
+        n += s->pages[pg] && (pg == 0 || s->pages[pg - 1] != s->pages[pg]);
+    return n;
+}
+
+const char *vmm_seg_check_handles(const vmm_segment *s, uintptr_t *at)
+{
+    for (size_t pg = 0; s->expandable && pg < s->n_pages;) {
+        if (!s->pages[pg]) {
+            pg++;
+            continue;
+        }
+        size_t end = handle_end(s, pg);
+        *at = s->base + pg * s->page_size;
+        if (end - pg > s->max_handle_pages)
+            return "a handle covers more pages than max_handle_size allows";
+        pg = end;
+    }
+    return NULL;
 }
 
 int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int release)
 {
-    size_t ps = seg->page_size;
     vmm_phys h = seg->pages[pg];
     if (!h)
         return VMM_OK;
+    /* the handle goes whole: cuMemUnmap cannot unmap part of what one cuMemMap mapped */
+    size_t ps = seg->page_size, p0 = handle_first(seg, pg), n = handle_end(seg, pg) - p0;
+    size_t sz = n * ps;
     /* room in the cache first: a handle the driver will not release waits there */
     if (fh_reserve(a, a->n_handles) != VMM_OK)
         return VMM_EHOSTMEM;
-    int r = unmap_page(a, seg->base + pg * ps, ps, UNMAP_TRIES);
+    int r = unmap_page(a, seg->base + p0 * ps, sz, UNMAP_TRIES);
     if (r)
         return vmm_fail_drv(r, "mem_unmap");
-    seg->pages[pg] = 0;
-    seg->mapped_pages--;
-    vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)ps);
-    a->stats.num_pages_unmapped++;
+    for (size_t k = 0; k < n; k++)
+        seg->pages[p0 + k] = 0;
+    seg->mapped_pages -= n;
+    vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)sz);
+    a->stats.num_pages_unmapped += (int64_t)n;
     if (release && a->drv->ops->mem_release(a->drv, h) == VMM_DRV_SUCCESS) {
-        vmm_stat_update(a->stats.reserved_bytes, seg->pool, -(int64_t)ps);
+        vmm_stat_update(a->stats.reserved_bytes, seg->pool, -(int64_t)sz);
         a->stats.num_device_free++;
         a->n_handles--;
     } else {
-        fh_put(a, h, ps, seg->pool);
+        fh_put(a, h, sz, seg->pool);
     }
     return VMM_OK;
 }
@@ -372,6 +574,7 @@ static int seg_new_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
     s->pool = pool;
     s->expandable = 1;
     s->page_size = ps;
+    s->max_handle_pages = handle_pages_max(a, pool);
     s->n_pages = va / ps;
     s->pages = pages;
     s->first = b;
@@ -430,13 +633,15 @@ static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_b
 int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
                  size_t *short_pages)
 {
-    size_t ps = a->page_size[pool];
+    size_t ps = a->page_size[pool], m = handle_pages_max(a, pool);
     size_t best_need;
     quar_retry(a, 1, 0);
     vmm_block *best = grow_target(a, sr, pool, size, &best_need);
     /* Growth past the high-water mark of reserved bytes takes idle pages first (see recycle_idle) */
-    size_t cached = fh_count(a, ps), pages = best_need / ps;
-    size_t fresh = pages > cached ? (pages - cached) * ps : 0;
+    handle_plan pl;
+    pl.chunk = NULL;
+    plan_handles(a, ps, m, best_need / ps, best ? best->size / ps : SIZE_MAX, 0, &pl);
+    size_t fresh = pl.new_pages * ps;
     if (fresh && reserved_now(a) + fresh > a->reserved_hwm) {
         size_t over = reserved_now(a) + fresh - a->reserved_hwm;
         if (recycle_idle(a, ps, over < fresh ? over : fresh, best))
@@ -448,20 +653,25 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
             return rc;
         best_need = round_up(size, ps);
     }
-    vmm_block *rest = NULL;
-    if (best_need < best->size && !(rest = vmm_block_new(a)))
+    /* a block record for the unmapped rest, in case the mapping does not take all of best */
+    vmm_block *rest = vmm_block_new(a);
+    if (!rest)
         return vmm_fail(VMM_EHOSTMEM, "out of host memory for a block record");
     vmm_segment *seg = best->seg;
-    int rc = seg_map_pages(a, seg, (best->addr - seg->base) / ps, best_need / ps, short_pages);
+    size_t mapped = 0;
+    int rc = seg_map_pages(a, seg, (best->addr - seg->base) / ps, best_need / ps, best->size / ps,
+                           1, &mapped, short_pages);
     if (rc) {
-        if (rest)
-            vmm_block_delete(a, rest);
+        vmm_block_delete(a, rest);
         return rc;
     }
+    best_need = mapped * ps;
     vmm_pool_erase(a, best);
-    if (rest) {
+    if (best_need < best->size) {
         vmm_block_split_into(best, rest, best_need);
         vmm_pool_insert(a, rest);
+    } else {
+        vmm_block_delete(a, rest);
     }
     best->state = VMM_BLOCK_FREE;
     best->free_seq = 0; /* fresh pages: no work ever touched them */
@@ -474,17 +684,38 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
 
 /* ---- reclaiming idle pages ---------------------------------------------------------------- */
 
-/* Unmap up to `want` whole pages inside FREE block b; returns pages unmapped. */
+/* The run [*p0, *p1) of handles lying wholly inside FREE block b, from the first one on, of at
+ * least `want` pages where there are that many (whole handles: a bit more); 0 when none. A handle
+ * reaching past the block (part of it under a block in use, or not idle) ends the run: it can only
+ * be unmapped whole, so it stays mapped until its every page is free. */
+static size_t whole_handles(const vmm_block *b, size_t want, size_t *p0, size_t *p1)
+{
+    const vmm_segment *seg = b->seg;
+    size_t ps = seg->page_size;
+    size_t q = round_up(b->addr - seg->base, ps) / ps, end = (b->addr + b->size - seg->base) / ps;
+    /* a handle begun before the block's first whole page is not the block's to unmap */
+    if (q < end && handle_first(seg, q) < q)
+        q = handle_end(seg, q);
+    size_t r = q;
+    while (r < end && r - q < want && seg->pages[r]) {
+        size_t e = handle_end(seg, r);
+        if (e > end)
+            break;
+        r = e;
+    }
+    *p0 = q;
+    *p1 = r;
+    return r > q ? r - q : 0;
+}
+
+/* Unmap whole handles inside FREE block b, `want` pages or a little more; returns pages unmapped. */
 static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
 {
     vmm_segment *seg = b->seg;
     size_t ps = seg->page_size;
-    size_t p0 = round_up(b->addr - seg->base, ps) / ps;
-    size_t p1 = (b->addr + b->size - seg->base) / ps;
-    if (p0 >= p1)
+    size_t p0, p1;
+    if (!whole_handles(b, want, &p0, &p1))
         return 0;
-    if (p1 - p0 > want)
-        p1 = p0 + want;
     /* mapping callbacks: before_unmap runs first, outside the lock (callbacks.c) */
     if (VMM_UNLIKELY(a->cb_mapping))
         return vmm_cb_detach(a, b, p0, p1);
@@ -497,14 +728,16 @@ static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
         return 0;
     }
     size_t k = p0;
-    for (; k < p1; k++) {
-        int r = unmap_page(a, seg->base + k * ps, ps, 1);
+    while (k < p1) {
+        size_t e = handle_end(seg, k);
+        int r = unmap_page(a, seg->base + k * ps, (e - k) * ps, 1);
         if (r) {
             vmm_fail_drv(r, "mem_unmap");
             break;
         }
-        fh_put(a, seg->pages[k], ps, seg->pool);
-        seg->pages[k] = 0;
+        fh_put(a, seg->pages[k], (e - k) * ps, seg->pool);
+        for (; k < e; k++)
+            seg->pages[k] = 0;
     }
     size_t n = k - p0;
     if (n) {
@@ -553,14 +786,16 @@ size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest)
         return 0;
     }
     size_t k = 0;
-    for (; k < n; k++) {
-        int dr = unmap_page(a, seg->base + (p0 + k) * ps, ps, 1);
+    while (k < n) { /* whole handles: detach ranges come from whole_handles */
+        size_t e = handle_end(seg, p0 + k) - p0;
+        int dr = unmap_page(a, seg->base + (p0 + k) * ps, (e - k) * ps, 1);
         if (dr) {
             vmm_fail_drv(dr, "mem_unmap");
             break;
         }
-        fh_put(a, seg->pages[p0 + k], ps, seg->pool);
-        seg->pages[p0 + k] = 0;
+        fh_put(a, seg->pages[p0 + k], (e - k) * ps, seg->pool);
+        for (; k < e; k++)
+            seg->pages[p0 + k] = 0;
     }
     if (!k) {
         vmm_block_delete(a, r);
@@ -592,10 +827,10 @@ size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest)
  * unmap replaces a create that would have raised the peak. Oldest free blocks go first (least
  * likely to be reused soon); pages are only taken when a completed fence proves them idle. */
 
-static int has_whole_page(const vmm_block *b)
+static int has_whole_handle(const vmm_block *b)
 {
-    size_t ps = b->seg->page_size, off = b->addr - b->seg->base;
-    return round_up(off, ps) + ps <= off + b->size;
+    size_t p0, p1;
+    return whole_handles(b, 1, &p0, &p1) != 0;
 }
 
 /* Idle FREE blocks with a whole page, other than k0 / k1; stored in out unless it is NULL. */
@@ -606,10 +841,10 @@ static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vm
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
         for (int pool = 0; pool < VMM_NPOOLS; pool++) {
             vmm_block **root = &a->free_tree[pool];
-            /* blocks smaller than a page hold no whole page: start past them */
+            /* blocks smaller than a page hold no whole handle: start past them */
             for (vmm_block *b = vmm_tree_lower_bound(*root, r->key, a->page_size[pool], 0);
                  b && b->seg->key == r->key; b = vmm_tree_next(*root, b)) {
-                if (b == k0 || b == k1 || !b->seg->expandable || !has_whole_page(b) ||
+                if (b == k0 || b == k1 || !b->seg->expandable || !has_whole_handle(b) ||
                     !vmm_block_idle(b))
                     continue;
                 if (out)
@@ -680,10 +915,7 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
         while (b && got < want) {
             vmm_block *next = vmm_tree_next(a->free_tree[pool], b);
             if (b->seg->expandable && vmm_block_idle(b)) {
-                size_t ps = b->seg->page_size;
-                size_t whole = round_up(b->addr - b->seg->base, ps);
-                size_t end = b->addr + b->size - b->seg->base;
-                if (whole + ps <= end) {
+                if (has_whole_handle(b)) {
                     size_t n = reclaim_block(a, b, want - got);
                     if (n == 0)
                         return got; /* the driver refuses: stop here */
@@ -840,12 +1072,16 @@ void vmm_seg_destroy_all(vmm_allocator *a)
             b = n;
         }
         if (s->expandable) {
-            for (size_t p = 0; p < s->n_pages; p++) {
-                if (!s->pages[p])
+            for (size_t p = 0; p < s->n_pages;) {
+                if (!s->pages[p]) {
+                    p++;
                     continue;
-                unmap_page(a, s->base + p * s->page_size, s->page_size, UNMAP_TRIES);
+                }
+                size_t e = handle_end(s, p);
+                unmap_page(a, s->base + p * s->page_size, (e - p) * s->page_size, UNMAP_TRIES);
                 ops->mem_release(a->drv, s->pages[p]);
                 a->n_handles--;
+                p = e;
             }
             ops->va_free(a->drv, s->base, s->size);
         } else {

@@ -74,6 +74,7 @@ static vmm_sleep_state *state(vmm_allocator *a)
         return NULL;
     }
     S->n_tags = 1; /* tag 0: "" */
+    vmm_tc_off(a); /* frozen segments, lanes: every malloc and free under the lock */
     a->sleep = S;
     return S;
 }
@@ -663,19 +664,22 @@ VMM_API int vmm_sleep(vmm_allocator *a, const char *const *tags, size_t n_tags, 
         size_t ps = s->page_size, run0 = 0, run = 0;
         for (size_t pg = 0; pg <= s->n_pages; pg++) {
             int done = 0;
+            size_t hn = 1; /* a handle may cover several pages and unmaps whole (segment.c) */
             if (pg < s->n_pages && s->pages[pg] && !page_detaching(s, pg)) {
+                hn = vmm_seg_handle_pages(s, pg);
                 if (vmm_seg_unmap_page(a, s, pg, 1) == VMM_OK)
                     done = 1;
                 else
-                    stuck++;
+                    stuck += hn;
             }
             if (done && !run)
                 run0 = pg;
-            run = done ? run + 1 : run;
+            run = done ? run + hn : run;
             if (!done && run) {
                 VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, s->base + run0 * ps, run * ps, s->stream);
                 run = 0;
             }
+            pg += hn - 1;
         }
         s->asleep = 2;
         for (vmm_block *b = s->first; b; b = b->next) {

@@ -610,7 +610,9 @@ VMM_API int vmm_snapshot_pickle(vmm_allocator *a, const char *path)
     pk body = {0}, pre = {0};
     refs R = {.a = a};
     vmm_lock(a);
+    int tc = vmm_tc_pause(a); /* cached blocks show as the free blocks they are */
     int rc = snapshot_body(a, &body, &R);
+    vmm_tc_resume(a, tc);
     vmm_unlock(a);
     if (!rc) {
         pk_op(&pre, OP_PROTO);

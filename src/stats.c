@@ -52,6 +52,7 @@ VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out)
     if (!a || !out)
         return vmm_fail(VMM_EINVAL, "vmm_get_stats: NULL argument");
     vmm_lock(a);
+    vmm_tc_fold(a); /* what threads' caches did since the last fold */
     fill_stats(a, out);
     vmm_unlock(a);
     return VMM_OK;
@@ -82,6 +83,7 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
     if (!a)
         return vmm_fail(VMM_EINVAL, "vmm_reset_stats: allocator is NULL");
     vmm_lock(a);
+    vmm_tc_fold(a);
     vmm_stats *s = &a->stats, d;
     vmm_stats_derive(a, &d);
     /* peaks restart from the derived currents; the stored ones may be partial (vmm_hot_up) */
@@ -145,11 +147,16 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
         return vmm_fail(VMM_EINVAL, "vmm_stats_json: NULL argument or zero length");
     vmm_stats s;
     vmm_lock(a);
+    vmm_tc_fold(a);
     fill_stats(a, &s);
     vmm_sim_counters c;
     int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
     int64_t n_pools, pool_res, pool_alloc, routes; /* private pools (mempool.c) */
     vmm_mempool_totals(a, &n_pools, &pool_res, &pool_alloc, &routes);
+    size_t tc_n, tc_bytes; /* thread caches (tcache.c) */
+    uint64_t tc_counts[4];
+    vmm_tc_info(a, &tc_n, &tc_bytes, tc_counts);
+    int tc_on = vmm_tc_on(a);
     vmm_unlock(a);
     jbuf j = {buf, len, 0, 0};
     static const char *pools[VMM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
@@ -170,6 +177,13 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     jput(&j, "private_pools.routes", routes);
     jput(&j, "private_pools.reserved_bytes", pool_res);
     jput(&j, "private_pools.allocated_bytes", pool_alloc);
+    jput(&j, "thread_caches.on", tc_on);
+    jput(&j, "thread_caches.count", (long long)tc_n);
+    jput(&j, "thread_caches.bytes", (long long)tc_bytes);
+    jput(&j, "thread_caches.malloc_hits", (long long)tc_counts[0]);
+    jput(&j, "thread_caches.malloc_misses", (long long)tc_counts[1]);
+    jput(&j, "thread_caches.frees_kept", (long long)tc_counts[2]);
+    jput(&j, "thread_caches.frees_passed", (long long)tc_counts[3]);
     if (sim) {
         jput(&j, "sim.device_syncs", (long long)c.device_syncs);
         jput(&j, "sim.stream_syncs", (long long)c.stream_syncs);
@@ -328,6 +342,10 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
     }
     if (mapped != s->mapped_pages)
         return bad("mapped page count is wrong", s->base);
+    uintptr_t hat = 0;
+    const char *hbad = vmm_seg_check_handles(s, &hat);
+    if (hbad)
+        return bad(hbad, hat);
     sm->v[p][S_MAPPED] += (int64_t)(mapped * ps);
     sm->v[p][S_RES] += (int64_t)(mapped * ps);
     return VMM_OK;
@@ -361,8 +379,9 @@ static int check_events(const vmm_allocator *a)
     for (const vmm_stream_rec *r = a->streams; r; r = r->next)
         for (const vmm_fence *f = r->fences; f; f = f->next)
             nev++;
-    for (size_t i = 0; i < a->live_cap; i++) {
-        int rc = a->live[i] ? check_slots(a->live[i], &nev) : VMM_OK;
+    vmm_block *lb;
+    VMM_LIVE_FOREACH(a, lb) {
+        int rc = check_slots(lb, &nev);
         if (rc)
             return rc;
     }
@@ -447,7 +466,7 @@ static int check_locked(vmm_allocator *a)
     }
     size_t nh = a->n_fh + a->n_quar;
     for (vmm_segment *s = a->segs; s; s = s->next)
-        nh += s->expandable ? s->mapped_pages : 0;
+        nh += vmm_seg_handles(s);
     if (nh != a->n_handles)
         return bad("physical handle count is wrong", 0);
     if ((size_t)st->reserved_bytes[0].current > a->cap)
@@ -460,8 +479,10 @@ VMM_API int vmm_check(vmm_allocator *a)
     if (!a)
         return vmm_fail(VMM_EINVAL, "vmm_check: allocator is NULL");
     vmm_lock(a);
+    int tc = vmm_tc_pause(a); /* one state: cached blocks back in their pools, no fast path */
     int m = vmm_capture_relax(a); /* lookup_mapping is an unsafe call while capturing (driver.h) */
     int rc = check_locked(a);
+    vmm_tc_resume(a, tc);
     vmm_capture_restore(a, m);
     vmm_unlock(a);
     return rc;

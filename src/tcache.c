@@ -1,0 +1,524 @@
+/*
+ * Thread caches: per thread and allocator, the small blocks the thread freed, kept for its next
+ * malloc of the same rounded size on the same stream, so that a cached malloc + free pair takes no
+ * lock another thread needs (issue 13: two threads on one allocator got less done than one).
+ *
+ * What a cache may hold: allocated blocks of the small pool up to TC_MAX_SIZE bytes with no
+ * record_stream uses and no group. A cached block stays ALLOCATED in the allocator's books (its
+ * live-table slot, its segment's block list), so nothing the allocator lock guards changes when a
+ * block enters or leaves a cache; the thread's own lock guards `tcached` and `requested` only.
+ * The user-visible counters move by a per-cache delta that the allocator folds in under its lock
+ * (vmm_tc_fold) before it reports stats, and that a thread folds before its own slow path.
+ *
+ * Locks, in order: the registry mutex (thread exit, cache creation, vmm_destroy), the allocator
+ * lock, a cache's lock, a live shard's lock. A fast path takes its cache's lock and, to look a
+ * pointer up, one live shard's; it never takes the allocator lock while holding its cache's.
+ *
+ * Peaks: a thread's fast paths cannot see what other threads' caches hold, so with several
+ * threads the peaks of allocation / allocated_bytes / requested_bytes / active may be off by the
+ * bytes other threads' caches held (at most thread_cache each). With one thread they are exact.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum {
+    TC_STEP = 512,                      /* bins at the rounding step (pool.c MIN_BLOCK) */
+    TC_MAX_SIZE = 64 << 10,             /* largest block cached: PyTorch's small tensors and the
+                                         * ring pattern of vmm-bench latency */
+    TC_BINS = TC_MAX_SIZE / TC_STEP,    /* one bin per rounded size: 128 */
+    TC_BIN_CAP = 16,                    /* blocks per bin: a bin is a random walk between empty
+                                         * and full; at 16 a balanced mix hits ~94% of mallocs */
+    TL_SLOTS = 8,                       /* allocators a thread holds a cache of at once */
+};
+
+typedef struct tc_bin {
+    uint32_t n;
+    vmm_block *b[TC_BIN_CAP];           /* LIFO: the last freed is the warmest */
+} tc_bin;
+
+/* Counters the fast paths moved since the last fold, for allocation, allocated_bytes and
+ * requested_bytes of the small pool: ups, downs, and the highest running net (for peaks). */
+enum { TC_ALLOCATION, TC_BYTES, TC_REQUESTED, TC_NSTATS };
+/* How the fast paths fared: mallocs served / not, frees kept / not (the allocator's to do). */
+enum { TC_HIT, TC_MISS, TC_KEPT, TC_PASSED, TC_NCOUNTS };
+typedef struct tc_delta {
+    int64_t up, down, net, max_net;
+} tc_delta;
+
+struct vmm_tcache {
+    _Alignas(64) _Atomic int lock;
+    vmm_allocator *a;
+    size_t bytes;                       /* bytes of the blocks held */
+    int dirty;                          /* deltas not folded yet */
+    tc_delta d[TC_NSTATS];
+    uint64_t n[TC_NCOUNTS];             /* since the last fold */
+    struct vmm_tcache *next;            /* the allocator's list (allocator lock) */
+    tc_bin bins[TC_BINS];
+};
+
+struct vmm_tc_state {
+    _Alignas(64) _Atomic int on;        /* fast paths allowed (vmm_tc_quiesce clears it for good) */
+    uint64_t id;                        /* unique per vmm_create: tells a thread's slot for a
+                                         * destroyed allocator from one at the same address */
+    size_t cap_bytes;                   /* thread_cache key: most bytes one cache holds */
+    int simple_round;                   /* sizes up to TC_MAX_SIZE round up to 512 B steps */
+    vmm_tcache *list;                   /* every cache (allocator lock) */
+    size_t n;
+    vmm_tc_release_fn release;          /* gives a drained block back (alloc.c) */
+    uint64_t counts[TC_NCOUNTS];        /* folded counts of every cache (allocator lock) */
+};
+
+/* ---- the registry: live allocators, for thread exit and slot reuse ------------------------ */
+
+typedef struct tl_slot {
+    vmm_allocator *a;
+    uint64_t id;
+    vmm_tcache *tc;
+} tl_slot;
+
+static _Thread_local tl_slot tl_slots[TL_SLOTS];
+static _Thread_local int tl_exit_armed;
+
+typedef struct reg_entry {
+    vmm_allocator *a;
+    uint64_t id;
+} reg_entry;
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static reg_entry *reg;
+static size_t reg_n, reg_cap;
+static _Atomic uint64_t next_id = 1;
+static pthread_key_t exit_key;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+/* Caller holds reg_mu. */
+static int reg_alive(const vmm_allocator *a, uint64_t id)
+{
+    for (size_t i = 0; i < reg_n; i++)
+        if (reg[i].a == a && reg[i].id == id)
+            return 1;
+    return 0;
+}
+
+/* Take cache tc out of its allocator (registry and allocator locks held): blocks back, deltas
+ * folded, record freed. */
+static void cache_retire(vmm_allocator *a, vmm_tcache *tc)
+{
+    vmm_tc_drain_one(a, tc);
+    vmm_tc_state *T = a->tcs;
+    for (vmm_tcache **pp = &T->list; *pp; pp = &(*pp)->next)
+        if (*pp == tc) {
+            *pp = tc->next;
+            T->n--;
+            break;
+        }
+    free(tc);
+}
+
+/* Thread exit: every cache of a live allocator goes back to it. */
+static void on_thread_exit(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&reg_mu);
+    for (int i = 0; i < TL_SLOTS; i++) {
+        tl_slot *s = &tl_slots[i];
+        if (s->a && reg_alive(s->a, s->id)) {
+            vmm_lock(s->a);
+            cache_retire(s->a, s->tc);
+            vmm_unlock(s->a);
+        }
+        memset(s, 0, sizeof *s);
+    }
+    pthread_mutex_unlock(&reg_mu);
+}
+
+static void make_exit_key(void) { (void)pthread_key_create(&exit_key, on_thread_exit); }
+
+int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_release_fn release)
+{
+    vmm_tc_state *T = aligned_alloc(64, (sizeof *T + 63) / 64 * 64);
+    if (!T)
+        return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
+    memset(T, 0, sizeof *T);
+    T->id = atomic_fetch_add(&next_id, 1);
+    T->cap_bytes = cap_bytes;
+    T->simple_round = simple_round;
+    T->release = release;
+    atomic_init(&T->on, cap_bytes > 0);
+    pthread_mutex_lock(&reg_mu);
+    if (reg_n == reg_cap) {
+        size_t ncap = reg_cap ? 2 * reg_cap : 16;
+        reg_entry *nr = realloc(reg, ncap * sizeof *nr);
+        if (!nr) {
+            pthread_mutex_unlock(&reg_mu);
+            free(T);
+            return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
+        }
+        reg = nr;
+        reg_cap = ncap;
+    }
+    reg[reg_n++] = (reg_entry){a, T->id};
+    pthread_mutex_unlock(&reg_mu);
+    a->tcs = T;
+    return VMM_OK;
+}
+
+void vmm_tc_unregister(vmm_allocator *a)
+{
+    if (!a->tcs)
+        return;
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < reg_n; i++)
+        if (reg[i].a == a && reg[i].id == a->tcs->id) {
+            reg[i] = reg[--reg_n];
+            break;
+        }
+    if (!reg_n) {
+        free(reg);
+        reg = NULL;
+        reg_cap = 0;
+    }
+    pthread_mutex_unlock(&reg_mu);
+}
+
+void vmm_tc_destroy(vmm_allocator *a)
+{
+    vmm_tc_state *T = a->tcs;
+    if (!T)
+        return;
+    while (T->list) {
+        vmm_tcache *tc = T->list;
+        vmm_tc_drain_one(a, tc);
+        T->list = tc->next;
+        free(tc);
+    }
+    free(T);
+    a->tcs = NULL;
+}
+
+/* This thread's cache for a, made on first use; NULL when caches are off or out of memory. Takes
+ * the registry and allocator locks when it makes one (caller holds neither). */
+static vmm_tcache *cache_make(vmm_allocator *a)
+{
+    vmm_tc_state *T = a->tcs;
+    vmm_tcache *tc = aligned_alloc(64, (sizeof *tc + 63) / 64 * 64);
+    if (!tc)
+        return NULL;
+    memset(tc, 0, sizeof *tc);
+    tc->a = a;
+    (void)pthread_once(&exit_once, make_exit_key);
+    if (!tl_exit_armed) {
+        /* any non-NULL value: the key's destructor runs at this thread's exit */
+        if (pthread_setspecific(exit_key, tl_slots) == 0)
+            tl_exit_armed = 1;
+    }
+    pthread_mutex_lock(&reg_mu);
+    /* a slot: an empty one, one for an allocator since destroyed, else the least recent */
+    int pick = -1;
+    for (int i = 0; i < TL_SLOTS && pick < 0; i++)
+        if (!tl_slots[i].a || !reg_alive(tl_slots[i].a, tl_slots[i].id))
+            pick = i;
+    if (pick < 0) {
+        pick = TL_SLOTS - 1;
+        tl_slot *s = &tl_slots[pick];
+        vmm_lock(s->a);
+        cache_retire(s->a, s->tc);
+        vmm_unlock(s->a);
+    }
+    /* most recent first: move the others down one */
+    memmove(&tl_slots[1], &tl_slots[0], (size_t)pick * sizeof tl_slots[0]);
+    tl_slots[0] = (tl_slot){a, T->id, tc};
+    vmm_lock(a);
+    tc->next = T->list;
+    T->list = tc;
+    T->n++;
+    vmm_unlock(a);
+    pthread_mutex_unlock(&reg_mu);
+    return tc;
+}
+
+/* This thread's cache for a, NULL when it has none. */
+static inline vmm_tcache *cache_find(const vmm_allocator *a, uint64_t id)
+{
+    for (int i = 0; i < TL_SLOTS; i++)
+        if (tl_slots[i].a == a && tl_slots[i].id == id)
+            return tl_slots[i].tc;
+    return NULL;
+}
+
+/* The calling thread's cache, made when missing, locked; NULL when caches are off. */
+static inline vmm_tcache *cache_lock(vmm_allocator *a)
+{
+    vmm_tc_state *T = a->tcs;
+    if (!atomic_load_explicit(&T->on, memory_order_relaxed))
+        return NULL;
+    vmm_tcache *tc = cache_find(a, T->id);
+    if (VMM_UNLIKELY(!tc) && !(tc = cache_make(a)))
+        return NULL;
+    vmm_mutex_lock(&tc->lock);
+    /* pause / off clear `on` before they drain under each cache's lock: seen here, after the
+     * lock. Acquire: a resume's release store orders what the pausing thread read before it */
+    if (VMM_UNLIKELY(!atomic_load_explicit(&T->on, memory_order_acquire))) {
+        vmm_mutex_unlock(&tc->lock);
+        return NULL;
+    }
+    return tc;
+}
+
+static inline void delta_up(tc_delta *d, int64_t x)
+{
+    d->up += x;
+    d->net += x;
+    if (d->net > d->max_net)
+        d->max_net = d->net;
+}
+
+static inline void delta_down(tc_delta *d, int64_t x)
+{
+    d->down += x;
+    d->net -= x;
+}
+
+int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
+{
+    if (size > TC_MAX_SIZE)
+        return 0;
+    vmm_tcache *tc = cache_lock(a);
+    if (!tc)
+        return 0;
+    size_t r = a->tcs->simple_round ? (size + TC_STEP - 1) / TC_STEP * TC_STEP
+                                    : vmm_round_size(&a->cfg, size);
+    if (r < TC_STEP)
+        r = TC_STEP;
+    tc_bin *bin = &tc->bins[r / TC_STEP - 1];
+    vmm_block *b = NULL;
+    if (r <= TC_MAX_SIZE) {
+        for (uint32_t i = bin->n; i-- > 0;)
+            if (bin->b[i]->seg->key == s) {
+                b = bin->b[i];
+                bin->b[i] = bin->b[--bin->n];
+                break;
+            }
+    }
+    if (!b) {
+        tc->n[TC_MISS]++;
+        tc->dirty = 1;
+        vmm_mutex_unlock(&tc->lock);
+        return 0;
+    }
+    tc->n[TC_HIT]++;
+    b->tcached = 0;
+    b->requested = size;
+    tc->bytes -= b->size;
+    tc->dirty = 1;
+    delta_up(&tc->d[TC_ALLOCATION], 1);
+    delta_up(&tc->d[TC_BYTES], (int64_t)b->size);
+    delta_up(&tc->d[TC_REQUESTED], (int64_t)size);
+    vmm_mutex_unlock(&tc->lock);
+    *ptr = (void *)b->addr;
+    return 1;
+}
+
+int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
+{
+    *trim = 0;
+    vmm_tcache *tc = cache_lock(a);
+    if (!tc)
+        return 0;
+    vmm_block *b = vmm_live_lookup(a, (uintptr_t)ptr);
+    /* anything unusual is the allocator's business: bad pointers, double frees, uses on other
+     * streams, groups, blocks too large or of the large pool */
+    if (!b || b->tcached || b->state != VMM_BLOCK_ALLOCATED || b->n_uses || b->group ||
+        b->size > TC_MAX_SIZE || b->seg->pool != VMM_SMALL) {
+        vmm_mutex_unlock(&tc->lock);
+        return 0;
+    }
+    tc_bin *bin = &tc->bins[b->size / TC_STEP - 1];
+    if (bin->n == TC_BIN_CAP || tc->bytes + b->size > a->tcs->cap_bytes) {
+        /* full: the allocator frees this one, and the caller has the cache give back its older
+         * half (of the bin, or of every bin when bytes ran out) in the same lock pass */
+        *trim = bin->n == TC_BIN_CAP ? b->size : SIZE_MAX;
+        tc->n[TC_PASSED]++;
+        tc->dirty = 1;
+        vmm_mutex_unlock(&tc->lock);
+        return 0;
+    }
+    tc->n[TC_KEPT]++;
+    bin->b[bin->n++] = b;
+    b->tcached = 1;
+    tc->bytes += b->size;
+    tc->dirty = 1;
+    delta_down(&tc->d[TC_ALLOCATION], 1);
+    delta_down(&tc->d[TC_BYTES], (int64_t)b->size);
+    delta_down(&tc->d[TC_REQUESTED], (int64_t)b->requested);
+    vmm_mutex_unlock(&tc->lock);
+    return 1;
+}
+
+/* Fold tc's deltas into a->stats (allocator lock and tc's lock held). */
+static void fold_locked(vmm_allocator *a, vmm_tcache *tc)
+{
+    if (!tc->dirty)
+        return;
+    vmm_stats *st = &a->stats;
+    vmm_stat *arr[TC_NSTATS] = {st->allocation, st->allocated_bytes, st->requested_bytes};
+    const int pi = VMM_SMALL + 1;
+    int64_t before_pool[TC_NSTATS], before_all[TC_NSTATS];
+    for (int k = 0; k < TC_NSTATS; k++) {
+        vmm_stat *s = arr[k];
+        tc_delta *d = &tc->d[k];
+        before_pool[k] = s[pi].current;
+        before_all[k] = s[VMM_POOL_SMALL].current + s[VMM_POOL_LARGE].current;
+        s[pi].current += d->up - d->down;
+        s[pi].allocated += d->up;
+        s[pi].freed += d->down;
+        vmm_peak_at(&s[pi], before_pool[k] + d->max_net);
+        vmm_peak_at(&s[VMM_POOL_ALL], before_all[k] + d->max_net);
+    }
+    /* active = allocation + pending: its peaks where the allocations' were highest */
+    int64_t pend_n = a->pending[0].current + a->pending[1].current;
+    int64_t pend_b = a->pending_bytes[0].current + a->pending_bytes[1].current;
+    vmm_peak_at(&st->active[pi], before_pool[TC_ALLOCATION] + tc->d[TC_ALLOCATION].max_net +
+                                     a->pending[VMM_SMALL].current);
+    vmm_peak_at(&st->active[VMM_POOL_ALL],
+                before_all[TC_ALLOCATION] + tc->d[TC_ALLOCATION].max_net + pend_n);
+    vmm_peak_at(&st->active_bytes[pi], before_pool[TC_BYTES] + tc->d[TC_BYTES].max_net +
+                                           a->pending_bytes[VMM_SMALL].current);
+    vmm_peak_at(&st->active_bytes[VMM_POOL_ALL],
+                before_all[TC_BYTES] + tc->d[TC_BYTES].max_net + pend_b);
+    for (int k = 0; k < TC_NCOUNTS; k++)
+        a->tcs->counts[k] += tc->n[k];
+    memset(tc->d, 0, sizeof tc->d);
+    memset(tc->n, 0, sizeof tc->n);
+    tc->dirty = 0;
+}
+
+void vmm_tc_fold(vmm_allocator *a)
+{
+    if (!a->tcs)
+        return;
+    for (vmm_tcache *tc = a->tcs->list; tc; tc = tc->next) {
+        vmm_mutex_lock(&tc->lock);
+        fold_locked(a, tc);
+        vmm_mutex_unlock(&tc->lock);
+    }
+}
+
+void vmm_tc_fold_self(vmm_allocator *a)
+{
+    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
+    if (!tc)
+        return;
+    vmm_mutex_lock(&tc->lock);
+    fold_locked(a, tc);
+    vmm_mutex_unlock(&tc->lock);
+}
+
+/* Give back the blocks of every bin (half: the older half of each; only: just the bin of blocks
+ * of that size, 0 for all). Caller holds the allocator lock and tc's. Returns bytes given. */
+static size_t drain_locked(vmm_allocator *a, vmm_tcache *tc, unsigned half, size_t only)
+{
+    size_t given = 0;
+    int i0 = only ? (int)(only / TC_STEP) - 1 : 0, i1 = only ? i0 + 1 : TC_BINS;
+    for (int i = i0; i < i1; i++) {
+        tc_bin *bin = &tc->bins[i];
+        uint32_t n = half ? (bin->n + 1) / 2 : bin->n; /* the bottom of the stack: oldest */
+        for (uint32_t k = 0; k < n; k++) {
+            vmm_block *b = bin->b[k];
+            b->tcached = 0;
+            tc->bytes -= b->size;
+            given += b->size;
+            a->tcs->release(a, b); /* the free was counted by the delta folded before */
+        }
+        memmove(&bin->b[0], &bin->b[n], (bin->n - n) * sizeof bin->b[0]);
+        bin->n -= n;
+    }
+    return given;
+}
+
+size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc)
+{
+    vmm_mutex_lock(&tc->lock);
+    fold_locked(a, tc);
+    size_t n = drain_locked(a, tc, 0, 0);
+    vmm_mutex_unlock(&tc->lock);
+    return n;
+}
+
+size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
+{
+    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
+    if (!tc)
+        return 0;
+    vmm_mutex_lock(&tc->lock);
+    fold_locked(a, tc);
+    size_t n = drain_locked(a, tc, 1, size == SIZE_MAX ? 0 : size);
+    vmm_mutex_unlock(&tc->lock);
+    return n;
+}
+
+
+size_t vmm_tc_drain(vmm_allocator *a, int self_only)
+{
+    if (!a->tcs)
+        return 0;
+    if (self_only) {
+        vmm_tcache *tc = cache_find(a, a->tcs->id);
+        return tc ? vmm_tc_drain_one(a, tc) : 0;
+    }
+    size_t n = 0;
+    for (vmm_tcache *tc = a->tcs->list; tc; tc = tc->next)
+        n += vmm_tc_drain_one(a, tc);
+    return n;
+}
+
+void vmm_tc_off(vmm_allocator *a)
+{
+    if (!a->tcs || !atomic_load_explicit(&a->tcs->on, memory_order_relaxed))
+        return;
+    atomic_store_explicit(&a->tcs->on, 0, memory_order_relaxed);
+    vmm_tc_drain(a, 0);
+}
+
+int vmm_tc_pause(vmm_allocator *a)
+{
+    int was = vmm_tc_on(a);
+    if (was) {
+        /* each drain takes the cache's lock, so no fast path is under way once it returns, and
+         * the next one sees `on` cleared and queues for the allocator lock */
+        atomic_store_explicit(&a->tcs->on, 0, memory_order_relaxed);
+        vmm_tc_drain(a, 0);
+    }
+    return was;
+}
+
+void vmm_tc_resume(vmm_allocator *a, int was)
+{
+    if (was)
+        atomic_store_explicit(&a->tcs->on, 1, memory_order_release);
+}
+
+int vmm_tc_on(const vmm_allocator *a)
+{
+    return a->tcs && atomic_load_explicit(&a->tcs->on, memory_order_relaxed);
+}
+
+void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t counts[4])
+{
+    *caches = *bytes = 0;
+    memset(counts, 0, 4 * sizeof *counts);
+    if (!a->tcs)
+        return;
+    _Static_assert(TC_NCOUNTS == 4, "vmm_tc_info: counts[4]");
+    vmm_tc_fold(a);
+    memcpy(counts, a->tcs->counts, sizeof a->tcs->counts);
+    for (vmm_tcache *tc = a->tcs->list; tc; tc = tc->next) {
+        vmm_mutex_lock(&tc->lock);
+        (*caches)++;
+        *bytes += tc->bytes;
+        vmm_mutex_unlock(&tc->lock);
+    }
+}

@@ -1,0 +1,384 @@
+// ctest-labels: unit
+/* Thread caches (src/tcache.c): what a cache serves, that the counters stay exact with one thread,
+ * that frees of cached pointers are refused, that vmm_check / empty_cache / history drain them,
+ * and that threads freeing each other's blocks, exiting, and allocators destroyed under a live
+ * thread's cache leave one consistent state and leak nothing. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "vmmalloc.h"
+#include "vmmalloc_sim.h"
+
+static long long json_num(vmm_allocator *a, const char *key)
+{
+    static char buf[1 << 16];
+    if (vmm_stats_json(a, buf, sizeof buf) < 0)
+        return -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *k = strstr(buf, pat);
+    return k ? atoll(k + strlen(pat)) : -1;
+}
+
+static vmm_stats stats(vmm_allocator *a)
+{
+    vmm_stats st;
+    memset(&st, 0, sizeof st);
+    CHECK_OK(vmm_get_stats(a, &st));
+    return st;
+}
+
+static const char *CONF = "driver:sim,sim_capacity:1G,sim_backed:false";
+
+/* A freed small block is kept by the thread and handed back to its next malloc of that size. */
+static void test_served(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &p));
+    CHECK(json_num(a, "thread_caches.on") == 1);
+    CHECK_OK(vmm_free(a, p));
+    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    CHECK(json_num(a, "thread_caches.count") == 1);
+    CHECK_OK(vmm_malloc(a, 4000, NULL, &q));
+    CHECK(q == p);
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    /* a size the cache does not hold: the allocator serves it */
+    CHECK_OK(vmm_free(a, q));
+    CHECK_OK(vmm_malloc(a, 8192, NULL, &r));
+    CHECK(r != p);
+    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    /* large-pool and over-64K blocks are never cached */
+    void *big = NULL, *mid = NULL;
+    CHECK_OK(vmm_malloc(a, 4 << 20, NULL, &big));
+    /* new memory was mapped: the cache went back to its pool first (it may merge into a fit) */
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK_OK(vmm_malloc(a, 100 << 10, NULL, &mid));
+    CHECK_OK(vmm_free(a, big));
+    CHECK_OK(vmm_free(a, mid));
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK_OK(vmm_free(a, r));
+    CHECK(json_num(a, "thread_caches.bytes") == 8192);
+    CHECK_OK(vmm_check(a));
+    CHECK(json_num(a, "thread_caches.bytes") == 0); /* vmm_check drained it */
+    vmm_stats st = stats(a);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.allocation[VMM_POOL_ALL].current == 0);
+    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(a);
+}
+
+/* One thread: current, cumulative and peak counters are those of a run without the cache. */
+static void test_counters_exact(void)
+{
+    for (int on = 0; on < 2; on++) {
+        vmm_allocator *a = NULL;
+        char conf[160];
+        snprintf(conf, sizeof conf, "%s,thread_cache:%s", CONF, on ? "4M" : "0");
+        CHECK_OK(vmm_create(conf, &a));
+        CHECK(json_num(a, "thread_caches.on") == on);
+        void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
+        CHECK_OK(vmm_malloc(a, 1000, NULL, &x));
+        CHECK_OK(vmm_malloc(a, 1024, NULL, &y));
+        CHECK_OK(vmm_free(a, x));
+        CHECK_OK(vmm_malloc(a, 900, NULL, &z)); /* the cache's block when on */
+        CHECK(!on || z == x);
+        vmm_stats st = stats(a);
+        CHECK(st.allocated_bytes[VMM_POOL_SMALL].current == 2048);
+        CHECK(st.allocated_bytes[VMM_POOL_SMALL].peak == 2048);
+        CHECK(st.allocated_bytes[VMM_POOL_ALL].peak == 2048);
+        CHECK(st.requested_bytes[VMM_POOL_SMALL].current == 1924);
+        CHECK(st.requested_bytes[VMM_POOL_ALL].peak == 2024);
+        CHECK(st.allocation[VMM_POOL_ALL].allocated == 3);
+        CHECK(st.allocation[VMM_POOL_ALL].freed == 1);
+        CHECK(st.active_bytes[VMM_POOL_ALL].peak == 2048);
+        CHECK(st.active[VMM_POOL_ALL].current == 2);
+        CHECK_OK(vmm_free(a, y));
+        CHECK_OK(vmm_free(a, z));
+        /* a peak reached on the cache's path alone, then a slow-path malloc: peaks as without it */
+        CHECK_OK(vmm_reset_stats(a, 0));
+        CHECK_OK(vmm_malloc(a, 1024, NULL, &x)); /* cached (on) */
+        CHECK_OK(vmm_malloc(a, 1024, NULL, &y)); /* cached (on) */
+        CHECK_OK(vmm_free(a, x));
+        CHECK_OK(vmm_free(a, y));
+        CHECK_OK(vmm_malloc(a, 3 << 20, NULL, &w)); /* the allocator's path */
+        st = stats(a);
+        CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 3 << 20);
+        CHECK(st.allocated_bytes[VMM_POOL_ALL].peak == 3 << 20);
+        CHECK(st.allocated_bytes[VMM_POOL_SMALL].peak == 2048);
+        CHECK(st.allocation[VMM_POOL_ALL].peak == 2);
+        CHECK_OK(vmm_free(a, w));
+        CHECK_OK(vmm_check(a));
+        CHECK_OK(vmm_empty_cache(a));
+        st = stats(a);
+        CHECK(st.reserved_bytes[VMM_POOL_ALL].current == 0);
+        vmm_destroy(a);
+    }
+}
+
+/* A cached pointer is freed as far as every entry point goes; the refusal changes nothing. */
+static void test_cached_pointer_refused(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *p = NULL;
+    CHECK_OK(vmm_malloc(a, 2048, NULL, &p));
+    CHECK(vmm_usable_size(a, p) == 2048);
+    CHECK_OK(vmm_free(a, p));
+    CHECK(json_num(a, "thread_caches.bytes") == 2048);
+    CHECK(vmm_free(a, p) == VMM_EBADPTR);
+    CHECK(strstr(vmm_last_error(), "already freed") != NULL);
+    CHECK(vmm_usable_size(a, p) == 0);
+    CHECK(vmm_record_stream(a, p, NULL) == VMM_EBADPTR);
+    CHECK(json_num(a, "thread_caches.bytes") == 2048);
+    vmm_stats st = stats(a);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.allocation[VMM_POOL_ALL].freed == 1);
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a);
+}
+
+/* A block with record_stream uses is the allocator's to free (events); a block on another stream
+ * is not handed to this one. */
+static void test_streams_and_uses(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    vmm_stream s1 = NULL, s2 = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s1));
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    void *p = NULL, *q = NULL, *u = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, s1, &p));
+    CHECK_OK(vmm_free(a, p));
+    CHECK_OK(vmm_malloc(a, 4096, s2, &q));
+    CHECK(q != p);
+    /* s2's first malloc needed new memory: the cache went back first, so p is s1's again */
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    void *p2 = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, s1, &p2));
+    CHECK(p2 == p);
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK_OK(vmm_malloc(a, 8192, s1, &u));
+    CHECK_OK(vmm_record_stream(a, u, s2));
+    CHECK_OK(vmm_free(a, u));
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK_OK(vmm_free(a, p));
+    CHECK_OK(vmm_free(a, q));
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a);
+}
+
+/* Recording history turns the caches off for good: every event is seen. */
+static void test_history_turns_off(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *p = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &p));
+    CHECK_OK(vmm_free(a, p));
+    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    CHECK_OK(vmm_record_history(a, 100));
+    CHECK(json_num(a, "thread_caches.on") == 0);
+    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &p));
+    CHECK_OK(vmm_free(a, p));
+    vmm_trace_entry e[16];
+    int64_t n = vmm_history_get(a, e, 16);
+    CHECK(n >= 2);
+    int allocs = 0;
+    for (int64_t i = 0; i < n; i++)
+        allocs += e[i].action == VMM_TRACE_ALLOC;
+    CHECK(allocs == 1);
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a);
+}
+
+/* ---- threads -------------------------------------------------------------------------------- */
+
+enum { THREADS = 4, ROUNDS = 20000, SLOTS = 64 };
+
+static vmm_allocator *TA;
+static _Atomic(void *) shared_slots[SLOTS]; /* blocks handed from thread to thread */
+static _Atomic int stop_checker;
+
+typedef struct targ {
+    vmm_stream s;
+    unsigned id;
+    int errors;
+} targ;
+
+static void *worker(void *arg)
+{
+    targ *t = arg;
+    uint64_t x = 0x9E3779B97F4A7C15ull * (t->id + 1);
+    void *mine[8] = {0};
+    for (int it = 0; it < ROUNDS; it++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t size = 512 * (1 + (x >> 20) % 16);
+        int k = (int)((x >> 8) % 8);
+        if (mine[k]) {
+            if (vmm_free(TA, mine[k]))
+                t->errors++;
+            mine[k] = NULL;
+        } else if (vmm_malloc(TA, size, t->s, &mine[k]) || !mine[k]) {
+            t->errors++;
+        }
+        if ((x >> 40) % 4 == 0) {
+            /* trade: leave one of ours in a shared slot, free whatever another thread left */
+            void *p = NULL;
+            if (vmm_malloc(TA, size, t->s, &p) || !p) {
+                t->errors++;
+                continue;
+            }
+            void *old = atomic_exchange(&shared_slots[(x >> 32) % SLOTS], p);
+            if (old && vmm_free(TA, old))
+                t->errors++;
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        if (mine[k] && vmm_free(TA, mine[k]))
+            t->errors++;
+    return NULL;
+}
+
+static void *checker(void *arg)
+{
+    int *errors = arg;
+    while (!atomic_load(&stop_checker)) {
+        vmm_stats st;
+        if (vmm_get_stats(TA, &st) || st.allocated_bytes[VMM_POOL_ALL].current < 0) {
+            fprintf(stderr, "checker: stats: allocated %lld\n",
+                    (long long)st.allocated_bytes[VMM_POOL_ALL].current);
+            (*errors)++;
+        }
+        if (vmm_check(TA)) {
+            fprintf(stderr, "checker: %s\n", vmm_last_error());
+            (*errors)++;
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    CHECK_OK(vmm_create(CONF, &TA));
+    targ t[THREADS];
+    pthread_t tid[THREADS], ctid;
+    int check_errors = 0;
+    for (int i = 0; i < THREADS; i++) {
+        t[i] = (targ){.id = (unsigned)i};
+        CHECK_OK(vmm_sim_stream_create(TA, &t[i].s));
+    }
+    CHECK(pthread_create(&ctid, NULL, checker, &check_errors) == 0);
+    for (int i = 0; i < THREADS; i++)
+        CHECK(pthread_create(&tid[i], NULL, worker, &t[i]) == 0);
+    for (int i = 0; i < THREADS; i++) {
+        pthread_join(tid[i], NULL);
+        CHECK(t[i].errors == 0);
+    }
+    atomic_store(&stop_checker, 1);
+    pthread_join(ctid, NULL);
+    CHECK(check_errors == 0);
+    for (int i = 0; i < SLOTS; i++) {
+        void *p = atomic_exchange(&shared_slots[i], NULL);
+        if (p)
+            CHECK_OK(vmm_free(TA, p));
+    }
+    /* the workers exited: their caches went back at thread exit */
+    CHECK(json_num(TA, "thread_caches.count") <= 1);
+    vmm_stats st = stats(TA);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.allocation[VMM_POOL_ALL].current == 0);
+    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.allocation[VMM_POOL_ALL].allocated == st.allocation[VMM_POOL_ALL].freed);
+    CHECK_OK(vmm_check(TA));
+    CHECK_OK(vmm_empty_cache(TA));
+    st = stats(TA);
+    CHECK(st.reserved_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(TA);
+    TA = NULL;
+}
+
+/* A thread holding a cache while its allocator is destroyed and another made (maybe at the same
+ * address) must not use the old cache. */
+static vmm_allocator *volatile SA;
+static pthread_barrier_t bar;
+
+static void *stale_worker(void *arg)
+{
+    int *errors = arg;
+    void *p = NULL;
+    if (vmm_malloc(SA, 4096, NULL, &p) || vmm_free(SA, p)) /* a cache holding p */
+        (*errors)++;
+    pthread_barrier_wait(&bar); /* main destroys SA and makes a new one */
+    pthread_barrier_wait(&bar);
+    void *q = NULL;
+    if (vmm_malloc(SA, 4096, NULL, &q) || !q)
+        (*errors)++;
+    if (vmm_free(SA, q))
+        (*errors)++;
+    return NULL;
+}
+
+static void test_destroy_under_thread(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    SA = a;
+    int errors = 0;
+    pthread_t tid;
+    CHECK(pthread_barrier_init(&bar, NULL, 2) == 0);
+    CHECK(pthread_create(&tid, NULL, stale_worker, &errors) == 0);
+    pthread_barrier_wait(&bar);
+    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    vmm_destroy(a);
+    CHECK_OK(vmm_create(CONF, &a));
+    SA = a;
+    pthread_barrier_wait(&bar);
+    pthread_join(tid, NULL);
+    CHECK(errors == 0);
+    CHECK_OK(vmm_check(a));
+    vmm_stats st = stats(a);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(a);
+    pthread_barrier_destroy(&bar);
+}
+
+/* More allocators in use by one thread than it keeps caches for: the oldest cache goes back. */
+static void test_many_allocators(void)
+{
+    enum { N = 12 };
+    vmm_allocator *a[N];
+    for (int i = 0; i < N; i++) {
+        CHECK_OK(vmm_create(CONF, &a[i]));
+        void *p = NULL;
+        CHECK_OK(vmm_malloc(a[i], 1024, NULL, &p));
+        CHECK_OK(vmm_free(a[i], p));
+    }
+    for (int i = 0; i < N; i++) {
+        long long b = json_num(a[i], "thread_caches.bytes");
+        CHECK(b == 0 || b == 1024);
+        vmm_stats st = stats(a[i]);
+        CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+        CHECK_OK(vmm_check(a[i]));
+        vmm_destroy(a[i]);
+    }
+}
+
+int main(void)
+{
+    test_served();
+    test_counters_exact();
+    test_cached_pointer_refused();
+    test_streams_and_uses();
+    test_history_turns_off();
+    test_threads();
+    test_destroy_under_thread();
+    test_many_allocators();
+    TEST_DONE();
+}
