@@ -8,8 +8,11 @@
  * Handles sized by need. A page is the unit of placement (large_page_size, small_page_size); a
  * physical handle covers one or more consecutive pages, up to max_handle_size in the large pool.
  * Every driver call is paid per handle (cuMemCreate 193 us, cuMemMap, cuMemUnmap), so a growth of
- * n pages takes ceil(n / max) handles of about equal size rather than n one-page handles, while the
- * growth itself stays exactly what the request needs (no 20 MiB rounding of fixed big pages).
+ * n pages takes ceil(n / max) handles of about equal size rather than n one-page handles, while a
+ * large growth stays exactly what the request needs (no 20 MiB rounding of fixed big pages). A
+ * small growth (fewer pages than one handle covers) maps ahead: its last handle runs on to a whole
+ * max_handle_size handle, so a run of small requests (parameters, activations) grows once per
+ * 20 MiB like fixed big pages rather than once per request (see plan_handles).
  * CUDA maps and unmaps a handle whole; cuda.h on cuMemUnmap: "The range must be the entire
  * contiguous address range that was mapped to. In other words, cuMemUnmap cannot unmap a sub-range
  * of an address range mapped by cuMemCreate / cuMemMap." So reclaim takes only handles lying wholly
@@ -159,7 +162,17 @@ static size_t handle_pages_max(const vmm_allocator *a, int pool)
  * would stay mapped while any of them lives, where a one-page handle lets the rest go back once
  * this request's range is free. It costs one create per growth and buys most of the peak
  * (measured: without it the replays reserve up to 0.4% more at their peak; docs/benchmarks.md,
- * "Driver calls: handles sized by need"). */
+ * "Driver calls: handles sized by need").
+ *
+ * `ahead` (small growths, see seg_map_pages): the last page's handle reaches up to `ahead` pages
+ * past the request, at most a whole handle of m pages and no further than n_max. Those pages cost
+ * no driver call (one create and one map either way; set_access covers the mapping's whole range in
+ * one call) and hold the next requests, which are then placed without a growth of their own: each
+ * growth costs at least a create and a set_access (229 us), most of the driver time of traces that
+ * allocate many small tensors in a row. The surplus shares its handle with the request's last page,
+ * as that page is shared with the next requests anyway. Large growths do not map ahead: they come
+ * one at a time near the peak (the last activations, the logits), where pages mapped ahead would
+ * stay unused and raise the peak (measured: up to +1.4% reserved at the peak; docs/benchmarks.md). */
 typedef struct handle_plan {
     size_t n;                  /* pages mapped (n, or more with an overshooting cached handle) */
     size_t n_cached;           /* handles taken from the cache: chunk[0 .. n_cached) */
@@ -170,7 +183,7 @@ typedef struct handle_plan {
 } handle_plan;
 
 static void plan_handles(const vmm_allocator *a, size_t ps, size_t m, size_t n, size_t n_max,
-                         int tail, handle_plan *pl)
+                         int tail, size_t ahead, handle_plan *pl)
 {
     size_t cnt[HANDLE_PAGES_MAX + 1] = {0};
     for (size_t i = 0; i < a->n_fh; i++) {
@@ -211,14 +224,20 @@ static void plan_handles(const vmm_allocator *a, size_t ps, size_t m, size_t n, 
     pl->n_cached = k;
     pl->cached_pages = pl->n - left;
     pl->new_pages = left;
-    if (tail && left > 1 && m > 1) {
-        /* the last page alone: see seg_map_pages */
+    if (ahead > m - 1)
+        ahead = m - 1;
+    if (ahead > n_max - pl->n)
+        ahead = n_max - pl->n;
+    if (tail && m > 1 && left && (left > 1 || ahead)) {
+        /* the last page alone, or with the pages ahead */
         size_t l = left - 1, nn = (l + m - 1) / m;
         pl->n_new = nn + 1;
         for (size_t j = 0; chunk && j < nn; j++)
             chunk[k + j] = l / nn + (j < l % nn);
         if (chunk)
-            chunk[k + nn] = 1;
+            chunk[k + nn] = 1 + ahead;
+        pl->n += ahead;
+        pl->new_pages += ahead;
         return;
     }
     pl->n_new = (left + m - 1) / m;
@@ -245,6 +264,10 @@ static size_t release_unplanned(vmm_allocator *a, size_t ps, size_t m, const han
     }
     return freed;
 }
+
+/* Growth sizes handles by need while at least 1/PRESSURE_DIVISOR of the allocator's limit stays
+ * unreserved after it; nearer the limit it maps one handle per page (see seg_map_pages). */
+enum { PRESSURE_DIVISOR = 8 };
 
 static size_t reserved_now(const vmm_allocator *a)
 {
@@ -328,14 +351,18 @@ static size_t quar_retry(vmm_allocator *a, int tries, int report)
 }
 
 /* Map pages [p0, p0 + n) of seg with cached or new handles (see plan_handles) and one set_access
- * call; up to n_max pages when a cached handle overshoots (growth into a larger unmapped block),
- * *mapped tells how many. On failure nothing is mapped as far as the page table knows; handles
+ * call; up to n_max pages when a cached handle overshoots or a small growth (`tail`, fewer pages
+ * than one handle covers) maps ahead into a larger unmapped block; *mapped tells how many. On failure nothing is mapped as far as the page table knows; handles
  * created on the way stay cached, and handles the driver would not unmap go to the quarantine. */
 static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t n_max,
                          int tail, size_t *mapped_out, size_t *short_pages)
 {
     const vmm_driver_ops *ops = a->drv->ops;
     size_t ps = seg->page_size, m = seg->max_handle_pages;
+    /* near the device's end, one handle per page: a big handle under one live page holds all its
+     * pages, which the OOM path cannot unmap (docs/benchmarks.md, "Driver calls") */
+    if (m > 1 && reserved_now(a) + n * ps + a->cap / PRESSURE_DIVISOR > a->cap)
+        m = 1;
     if (quar_overlaps(a, seg->base + p0 * ps, n * ps))
         return vmm_fail(VMM_EDRIVER, "pages at 0x%llx are still mapped after a failed unmap",
                         (unsigned long long)(seg->base + p0 * ps));
@@ -348,7 +375,9 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
     size_t list_bytes = (n + 1) * (sizeof *chunk + sizeof(vmm_phys));
     handle_plan pl;
     pl.chunk = chunk;
-    plan_handles(a, ps, m, n, n_max, tail, &pl);
+    /* small growths map ahead to a whole handle (see plan_handles) */
+    size_t ahead = tail && n < m ? m - 1 : 0;
+    plan_handles(a, ps, m, n, n_max, tail, ahead, &pl);
     size_t nh = pl.n_cached + pl.n_new, total = pl.n;
     int rc = VMM_OK;
     if (quar_reserve(a, a->n_quar + nh) != VMM_OK ||
@@ -369,6 +398,13 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         if (lack)
             release_unplanned(a, ps, m, &pl, lack);
         room = a->cap > reserved_now(a) ? a->cap - reserved_now(a) : 0;
+        if (room / ps < pl.new_pages && ahead) {
+            /* no room for the pages ahead: only what the request needs (as many handles or
+             * fewer, so the room reserved above still covers them) */
+            plan_handles(a, ps, m, n, n_max, tail, 0, &pl);
+            nh = pl.n_cached + pl.n_new;
+            total = pl.n;
+        }
         if (room / ps < pl.new_pages)
             rc = VMM_ENOMEM, *short_pages = pl.new_pages - room / ps;
         else if (fh_reserve(a, a->n_handles + pl.n_new) != VMM_OK)
@@ -640,7 +676,7 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
     /* Growth past the high-water mark of reserved bytes takes idle pages first (see recycle_idle) */
     handle_plan pl;
     pl.chunk = NULL;
-    plan_handles(a, ps, m, best_need / ps, best ? best->size / ps : SIZE_MAX, 0, &pl);
+    plan_handles(a, ps, m, best_need / ps, best ? best->size / ps : SIZE_MAX, 0, 0, &pl);
     size_t fresh = pl.new_pages * ps;
     if (fresh && reserved_now(a) + fresh > a->reserved_hwm) {
         size_t over = reserved_now(a) + fresh - a->reserved_hwm;

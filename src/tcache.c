@@ -37,6 +37,8 @@ enum {
 typedef struct tc_bin {
     uint32_t n;
     vmm_block *b[TC_BIN_CAP];           /* LIFO: the last freed is the warmest */
+    vmm_stream key[TC_BIN_CAP];         /* b[i]'s lane: a malloc finds its stream's block without
+                                         * touching the (maybe cold) records of the others */
 } tc_bin;
 
 /* Counters the fast paths moved since the last fold, for allocation, allocated_bytes and
@@ -52,7 +54,7 @@ struct vmm_tcache {
     _Alignas(64) _Atomic int lock;
     vmm_allocator *a;
     size_t bytes;                       /* bytes of the blocks held */
-    int dirty;                          /* deltas not folded yet */
+    _Atomic int dirty;                  /* deltas not folded yet (relaxed: the owner peeks) */
     tc_delta d[TC_NSTATS];
     uint64_t n[TC_NCOUNTS];             /* since the last fold */
     struct vmm_tcache *next;            /* the allocator's list (allocator lock) */
@@ -79,8 +81,10 @@ typedef struct tl_slot {
     vmm_tcache *tc;
 } tl_slot;
 
-static _Thread_local tl_slot tl_slots[TL_SLOTS];
-static _Thread_local int tl_exit_armed;
+/* The thread's slots, made with its first cache, are the value of a pthread key (whose destructor
+ * gives the caches back at thread exit). Not a _Thread_local: in a shared library that costs a
+ * __tls_get_addr call per access (more than a fast path's locks), and the initial-exec model that
+ * avoids it fails to load under dlopen once glibc's static TLS surplus is used up (Python). */
 
 typedef struct reg_entry {
     vmm_allocator *a;
@@ -93,6 +97,14 @@ static size_t reg_n, reg_cap;
 static _Atomic uint64_t next_id = 1;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static _Atomic int exit_key_made;
+
+static inline tl_slot *slots_get(void)
+{
+    if (VMM_UNLIKELY(!atomic_load_explicit(&exit_key_made, memory_order_acquire)))
+        return NULL;
+    return pthread_getspecific(exit_key);
+}
 
 /* Caller holds reg_mu. */
 static int reg_alive(const vmm_allocator *a, uint64_t id)
@@ -118,24 +130,28 @@ static void cache_retire(vmm_allocator *a, vmm_tcache *tc)
     free(tc);
 }
 
-/* Thread exit: every cache of a live allocator goes back to it. */
+/* Thread exit (arg: the thread's slots): every cache of a live allocator goes back to it. */
 static void on_thread_exit(void *arg)
 {
-    (void)arg;
+    tl_slot *slots = arg;
     pthread_mutex_lock(&reg_mu);
     for (int i = 0; i < TL_SLOTS; i++) {
-        tl_slot *s = &tl_slots[i];
+        tl_slot *s = &slots[i];
         if (s->a && reg_alive(s->a, s->id)) {
             vmm_lock(s->a);
             cache_retire(s->a, s->tc);
             vmm_unlock(s->a);
         }
-        memset(s, 0, sizeof *s);
     }
     pthread_mutex_unlock(&reg_mu);
+    free(slots); /* the key's value is NULL already (glibc clears it before the destructor) */
 }
 
-static void make_exit_key(void) { (void)pthread_key_create(&exit_key, on_thread_exit); }
+static void make_exit_key(void)
+{
+    if (pthread_key_create(&exit_key, on_thread_exit) == 0)
+        atomic_store_explicit(&exit_key_made, 1, memory_order_release);
+}
 
 int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_release_fn release)
 {
@@ -210,10 +226,16 @@ static vmm_tcache *cache_make(vmm_allocator *a)
     memset(tc, 0, sizeof *tc);
     tc->a = a;
     (void)pthread_once(&exit_once, make_exit_key);
-    if (!tl_exit_armed) {
-        /* any non-NULL value: the key's destructor runs at this thread's exit */
-        if (pthread_setspecific(exit_key, tl_slots) == 0)
-            tl_exit_armed = 1;
+    tl_slot *tl_slots = slots_get();
+    if (!tl_slots) {
+        tl_slot *slots = calloc(TL_SLOTS, sizeof *slots);
+        /* the key's destructor gets the slots at this thread's exit */
+        if (!slots || !atomic_load(&exit_key_made) || pthread_setspecific(exit_key, slots) != 0) {
+            free(slots);
+            free(tc);
+            return NULL;
+        }
+        tl_slots = slots;
     }
     pthread_mutex_lock(&reg_mu);
     /* a slot: an empty one, one for an allocator since destroyed, else the least recent */
@@ -243,9 +265,12 @@ static vmm_tcache *cache_make(vmm_allocator *a)
 /* This thread's cache for a, NULL when it has none. */
 static inline vmm_tcache *cache_find(const vmm_allocator *a, uint64_t id)
 {
+    const tl_slot *sl = slots_get();
+    if (VMM_UNLIKELY(!sl))
+        return NULL;
     for (int i = 0; i < TL_SLOTS; i++)
-        if (tl_slots[i].a == a && tl_slots[i].id == id)
-            return tl_slots[i].tc;
+        if (sl[i].a == a && sl[i].id == id)
+            return sl[i].tc;
     return NULL;
 }
 
@@ -266,6 +291,13 @@ static inline vmm_tcache *cache_lock(vmm_allocator *a)
         return NULL;
     }
     return tc;
+}
+
+/* A relaxed store (a plain one on x86), and only when clean: no RMW on the fast path. */
+static inline void mark_dirty(vmm_tcache *tc)
+{
+    if (!atomic_load_explicit(&tc->dirty, memory_order_relaxed))
+        atomic_store_explicit(&tc->dirty, 1, memory_order_relaxed);
 }
 
 static inline void delta_up(tc_delta *d, int64_t x)
@@ -297,15 +329,17 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
     vmm_block *b = NULL;
     if (r <= TC_MAX_SIZE) {
         for (uint32_t i = bin->n; i-- > 0;)
-            if (bin->b[i]->seg->key == s) {
+            if (bin->key[i] == s) {
                 b = bin->b[i];
-                bin->b[i] = bin->b[--bin->n];
+                bin->n--;
+                bin->b[i] = bin->b[bin->n];
+                bin->key[i] = bin->key[bin->n];
                 break;
             }
     }
     if (!b) {
         tc->n[TC_MISS]++;
-        tc->dirty = 1;
+        mark_dirty(tc);
         vmm_mutex_unlock(&tc->lock);
         return 0;
     }
@@ -313,7 +347,7 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
     b->tcached = 0;
     b->requested = size;
     tc->bytes -= b->size;
-    tc->dirty = 1;
+    mark_dirty(tc);
     delta_up(&tc->d[TC_ALLOCATION], 1);
     delta_up(&tc->d[TC_BYTES], (int64_t)b->size);
     delta_up(&tc->d[TC_REQUESTED], (int64_t)size);
@@ -325,14 +359,20 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
 int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 {
     *trim = 0;
+    if (!atomic_load_explicit(&a->tcs->on, memory_order_relaxed))
+        return 0;
+    /* anything unusual is the allocator's business: bad pointers, uses on other streams, groups,
+     * blocks too large or of the large pool. Looked up before the cache's lock, so that such a
+     * free costs one probe here: a live block's fields read here are the caller's (a double free
+     * is checked under the lock below). */
+    vmm_block *b = vmm_live_lookup(a, (uintptr_t)ptr);
+    if (!b || b->size > TC_MAX_SIZE || b->state != VMM_BLOCK_ALLOCATED || b->n_uses || b->group ||
+        b->seg->pool != VMM_SMALL)
+        return 0;
     vmm_tcache *tc = cache_lock(a);
     if (!tc)
         return 0;
-    vmm_block *b = vmm_live_lookup(a, (uintptr_t)ptr);
-    /* anything unusual is the allocator's business: bad pointers, double frees, uses on other
-     * streams, groups, blocks too large or of the large pool */
-    if (!b || b->tcached || b->state != VMM_BLOCK_ALLOCATED || b->n_uses || b->group ||
-        b->size > TC_MAX_SIZE || b->seg->pool != VMM_SMALL) {
+    if (b->tcached) {
         vmm_mutex_unlock(&tc->lock);
         return 0;
     }
@@ -342,15 +382,16 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
          * half (of the bin, or of every bin when bytes ran out) in the same lock pass */
         *trim = bin->n == TC_BIN_CAP ? b->size : SIZE_MAX;
         tc->n[TC_PASSED]++;
-        tc->dirty = 1;
+        mark_dirty(tc);
         vmm_mutex_unlock(&tc->lock);
         return 0;
     }
     tc->n[TC_KEPT]++;
+    bin->key[bin->n] = b->seg->key;
     bin->b[bin->n++] = b;
     b->tcached = 1;
     tc->bytes += b->size;
-    tc->dirty = 1;
+    mark_dirty(tc);
     delta_down(&tc->d[TC_ALLOCATION], 1);
     delta_down(&tc->d[TC_BYTES], (int64_t)b->size);
     delta_down(&tc->d[TC_REQUESTED], (int64_t)b->requested);
@@ -361,7 +402,7 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 /* Fold tc's deltas into a->stats (allocator lock and tc's lock held). */
 static void fold_locked(vmm_allocator *a, vmm_tcache *tc)
 {
-    if (!tc->dirty)
+    if (!atomic_load_explicit(&tc->dirty, memory_order_relaxed))
         return;
     vmm_stats *st = &a->stats;
     vmm_stat *arr[TC_NSTATS] = {st->allocation, st->allocated_bytes, st->requested_bytes};
@@ -393,7 +434,7 @@ static void fold_locked(vmm_allocator *a, vmm_tcache *tc)
         a->tcs->counts[k] += tc->n[k];
     memset(tc->d, 0, sizeof tc->d);
     memset(tc->n, 0, sizeof tc->n);
-    tc->dirty = 0;
+    atomic_store_explicit(&tc->dirty, 0, memory_order_relaxed);
 }
 
 void vmm_tc_fold(vmm_allocator *a)
@@ -410,7 +451,8 @@ void vmm_tc_fold(vmm_allocator *a)
 void vmm_tc_fold_self(vmm_allocator *a)
 {
     vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
-    if (!tc)
+    /* only this thread sets dirty, so a clean cache stays clean until it returns */
+    if (!tc || !atomic_load_explicit(&tc->dirty, memory_order_relaxed))
         return;
     vmm_mutex_lock(&tc->lock);
     fold_locked(a, tc);
@@ -434,6 +476,7 @@ static size_t drain_locked(vmm_allocator *a, vmm_tcache *tc, unsigned half, size
             a->tcs->release(a, b); /* the free was counted by the delta folded before */
         }
         memmove(&bin->b[0], &bin->b[n], (bin->n - n) * sizeof bin->b[0]);
+        memmove(&bin->key[0], &bin->key[n], (bin->n - n) * sizeof bin->key[0]);
         bin->n -= n;
     }
     return given;

@@ -3,8 +3,9 @@
  * physical handles instead of one per page, so fewer driver calls; one segment mixes handle sizes;
  * reclaim unmaps a handle only when every page of it is idle (cuMemUnmap takes whole mappings), so
  * a big handle with a page still in use stays mapped and its data intact; vmm_check agrees after
- * every step; destroy gives every handle back. Pages are not exportable here (ipc:false): exported
- * pages stay one per handle (ipc.c). */
+ * every step; destroy gives every handle back; a small growth maps ahead to a whole handle, so the
+ * next small requests need no growth, unless the device has no room for it. Pages are not
+ * exportable here (ipc:false): exported pages stay one per handle (ipc.c). */
 #include <stdint.h>
 #include <string.h>
 
@@ -161,6 +162,57 @@ static void reclaim_whole_handles(void)
     vmm_test_check_no_sim_leaks();
 }
 
+/* Small growths map ahead: a 3 MiB request (2 pages) maps its first page in a handle of its own
+ * and its last page in a whole 20 MiB handle reaching ahead, so five more such requests fit
+ * without a growth; a large growth maps only what it needs. */
+static void small_growth_maps_ahead(void)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    uint64_t c0 = calls(a, VMM_SIM_CALL_MEM_CREATE), s0 = calls(a, VMM_SIM_CALL_SET_ACCESS);
+    void *p[6] = {0}, *big = NULL;
+    CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &p[0]));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(calls(a, VMM_SIM_CALL_MEM_CREATE) - c0, 2);
+    CHECK_EQ(calls(a, VMM_SIM_CALL_SET_ACCESS) - s0, 1);
+    CHECK_EQ(mapped_large(a), 22 * MiB);
+    handles_seen s = handles(a);
+    CHECK_EQ(s.n, 2);
+    CHECK_EQ(s.pages[0], 1);
+    CHECK_EQ(s.pages[1], 10);
+    for (int i = 1; i < 6; i++)
+        CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &p[i]));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(calls(a, VMM_SIM_CALL_MEM_CREATE) - c0, 2);
+    CHECK_EQ(calls(a, VMM_SIM_CALL_SET_ACCESS) - s0, 1);
+    /* 40 MiB after 18 MiB in use: 36 MiB past the mapped 22, no more (9 + 8 pages, the last alone) */
+    CHECK_OK(vmm_malloc(a, 40 * MiB, NULL, &big));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(mapped_large(a), 58 * MiB);
+    CHECK_EQ(calls(a, VMM_SIM_CALL_MEM_CREATE) - c0, 5);
+    for (int i = 0; i < 6; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    CHECK_OK(vmm_free(a, big));
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(vmm_test_stats(a).reserved_bytes[VMM_POOL_ALL].current, 0);
+    vmm_destroy(a);
+    /* a nearly full device: one handle per page, nothing ahead; the growth maps what the request
+     * needs */
+    CHECK_OK(vmm_create("driver:sim,sim_capacity:1G,sim_backed:true,ipc:false,"
+                        "per_process_memory_fraction:0.0078125", &a)); /* 8 MiB */
+    if (!a)
+        return;
+    void *q = NULL;
+    CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &q));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(mapped_large(a), 4 * MiB);
+    CHECK_OK(vmm_free(a, q));
+    vmm_destroy(a);
+    vmm_test_check_no_sim_leaks();
+}
+
 /* Exportable pages (ipc on a backed sim) stay one handle per page: vmm_ipc_get_handle exports, and
  * vmm_ipc_open maps, one handle per page. */
 static void exportable_pages_stay_single(void)
@@ -184,6 +236,7 @@ int main(void)
 {
     growth_calls();
     reclaim_whole_handles();
+    small_growth_maps_ahead();
     exportable_pages_stay_single();
     TEST_DONE();
 }
