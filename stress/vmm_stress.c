@@ -254,6 +254,7 @@ typedef struct run {
     double t0, t_end;
     counters c;
     int64_t peak_allocated, peak_reserved, event_waits, pages_remapped, device_syncs, stream_syncs;
+    long long tc_hits, tc_kept; /* thread caches: mallocs served, frees kept (stats JSON) */
     uint64_t violations_at_start;
     int empty_rounds;      /* empty_cache calls the recovery at the end needed */
     /* --sleep-every, --map-callbacks (see sleep_cycle, mapwatch) */
@@ -1617,6 +1618,13 @@ static void teardown_checks(run_t *R)
             R->peak_reserved = st.reserved_bytes[VMM_POOL_ALL].peak;
         R->event_waits = st.num_event_waits;
         R->pages_remapped = st.num_pages_remapped;
+        static char json[65536];
+        if (vmm_stats_json(R->a, json, sizeof json) >= 0) {
+            const char *h = strstr(json, "\"thread_caches.malloc_hits\":");
+            const char *k = strstr(json, "\"thread_caches.frees_kept\":");
+            R->tc_hits = h ? atoll(strchr(h, ':') + 1) : 0;
+            R->tc_kept = k ? atoll(strchr(k, ':') + 1) : 0;
+        }
     }
     if (R->is_sim) {
         vmm_sim_counters c;
@@ -1723,10 +1731,11 @@ static void print_summary(const run_t *R, double secs, int json, FILE *f)
                 (unsigned long long)R->mw->maps, (unsigned long long)R->mw->unmaps);
     fprintf(f, "%-10s peak live %.1f MiB, peak allocated %.1f MiB, peak reserved %.1f MiB of %.1f MiB; "
                "OOMs %llu (fragmentation %llu, with free bytes %llu, fault-caused %llu), injected errors %llu, "
-               "event waits %lld, pages remapped %lld\n",
+               "event waits %lld, pages remapped %lld, thread caches: %lld mallocs served, %lld frees kept\n",
             R->label, (double)R->peak_shadow_usable / MiB, (double)R->peak_allocated / MiB,
             (double)R->peak_reserved / MiB, (double)R->capacity / MiB, L(ooms), L(frag_ooms), L(naive_free_ooms),
-            L(fault_ooms), L(injected_errors), (long long)R->event_waits, (long long)R->pages_remapped);
+            L(fault_ooms), L(injected_errors), (long long)R->event_waits, (long long)R->pages_remapped,
+            R->tc_hits, R->tc_kept);
 #undef L
 }
 
