@@ -279,7 +279,7 @@ vmm_block *vmm_tree_next(vmm_block *t, const vmm_block *b)
 
 /* ---- pools -------------------------------------------------------------------------------- */
 
-static int live_reserve(vmm_allocator *a, uintptr_t addr);
+static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool);
 static void live_put_block(vmm_allocator *a, vmm_block *b);
 
 static int is_split(const vmm_block *b) { return b->prev || b->next; }
@@ -442,7 +442,7 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
     {
         /* room first so the insert below cannot fail after the block changed (the allocated
          * block keeps b's address whichever way it is split) */
-        int rc = live_reserve(a, b->addr);
+        int rc = live_reserve(a, b->addr, b->seg->pool);
         if (VMM_UNLIKELY(rc))
             return rc;
     }
@@ -571,13 +571,35 @@ void vmm_pool_release(vmm_allocator *a, vmm_block *b)
 /* ---- live table: shards of open addressing, linear probing, backward-shift deletion ------ */
 
 _Static_assert((VMM_LIVE_SHARDS & (VMM_LIVE_SHARDS - 1)) == 0, "shard count: a power of two");
-enum { LIVE_SHARD_SHIFT = 64 - __builtin_ctz(VMM_LIVE_SHARDS) }; /* top bits of the hash pick it */
+enum {
+    /* shards [0, HALF) hold small-pool blocks, [HALF, SHARDS) large-pool ones. Only small blocks
+     * can be thread-cached, so only their shards are probed without the allocator lock and need
+     * their own lock: large-pool mallocs and frees, most of what a training step does under the
+     * allocator lock, then make no extra atomic read-modify-write (6 per pair cost ~40 ns). */
+    LIVE_HALF = VMM_LIVE_SHARDS / 2,
+    LIVE_SHARD_SHIFT = 64 - __builtin_ctz(LIVE_HALF), /* top bits of the hash pick one in a half */
+};
 
-/* Shard of a pointer: its 2 MiB region hashed (Fibonacci hashing), so one segment's blocks spread
- * over few shards and two streams' segments seldom share one. */
-static inline size_t live_shard_of(uintptr_t addr)
+/* Shard of a pointer in a pool's half: its 2 MiB region hashed (Fibonacci hashing), so one
+ * segment's blocks spread over few shards and two streams' segments seldom share one. */
+static inline size_t live_shard_of(uintptr_t addr, int pool)
 {
-    return (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+    size_t h = (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+    return pool == VMM_SMALL ? h : LIVE_HALF + h;
+}
+
+static inline int live_locked(size_t shard) { return shard < LIVE_HALF; }
+
+static inline void shard_lock(vmm_live_shard *sh, size_t s)
+{
+    if (live_locked(s))
+        vmm_mutex_lock(&sh->lock);
+}
+
+static inline void shard_unlock(vmm_live_shard *sh, size_t s)
+{
+    if (live_locked(s))
+        vmm_mutex_unlock(&sh->lock);
 }
 
 static size_t live_hash(uintptr_t addr, size_t mask)
@@ -593,11 +615,12 @@ static void live_put(vmm_block **t, size_t cap, vmm_block *b)
     t[i] = b;
 }
 
-/* Room for one more block in the shard of addr (allocator lock held); the swap to a larger table
+/* Room for one more block of `pool` at addr (allocator lock held); the swap to a larger table
  * holds the shard lock, since a thread cache may be reading the old one. */
-static int live_reserve(vmm_allocator *a, uintptr_t addr)
+static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
-    vmm_live_shard *sh = &a->live[live_shard_of(addr)];
+    size_t s = live_shard_of(addr, pool);
+    vmm_live_shard *sh = &a->live[s];
     if (VMM_LIKELY(sh->n + 1 <= sh->cap / LIVE_LOAD_DIV))
         return VMM_OK;
     size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
@@ -609,10 +632,10 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr)
             live_put(nt, ncap, sh->t[i]);
     vmm_block **old = sh->t;
     size_t old_cap = sh->cap;
-    vmm_mutex_lock(&sh->lock);
+    shard_lock(sh, s);
     sh->t = nt;
     sh->cap = ncap;
-    vmm_mutex_unlock(&sh->lock);
+    shard_unlock(sh, s);
     if (old)
         vmm_meta_free(a->meta, old, old_cap * sizeof *old);
     return VMM_OK;
@@ -621,17 +644,18 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr)
 /* Put b in its shard, which has room (live_reserve). */
 static void live_put_block(vmm_allocator *a, vmm_block *b)
 {
-    vmm_live_shard *sh = &a->live[live_shard_of(b->addr)];
-    vmm_mutex_lock(&sh->lock);
+    size_t s = live_shard_of(b->addr, b->seg->pool);
+    vmm_live_shard *sh = &a->live[s];
+    shard_lock(sh, s);
     live_put(sh->t, sh->cap, b);
     sh->n++;
-    vmm_mutex_unlock(&sh->lock);
+    shard_unlock(sh, s);
     a->live_n++;
 }
 
 int vmm_live_insert(vmm_allocator *a, vmm_block *b)
 {
-    int rc = live_reserve(a, b->addr);
+    int rc = live_reserve(a, b->addr, b->seg->pool);
     if (rc == VMM_OK)
         live_put_block(a, b);
     return rc;
@@ -640,21 +664,33 @@ int vmm_live_insert(vmm_allocator *a, vmm_block *b)
 /* A slot names the shard and the index in it. */
 static inline size_t slot_make(size_t shard, size_t i) { return i * VMM_LIVE_SHARDS + shard; }
 
-vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
+/* Index of addr's block in shard s, or SIZE_MAX. */
+static inline size_t shard_find(const vmm_live_shard *sh, uintptr_t addr)
 {
-    size_t s = live_shard_of(addr);
-    const vmm_live_shard *sh = &a->live[s];
     if (!sh->cap)
-        return NULL;
+        return SIZE_MAX;
     size_t mask = sh->cap - 1;
     for (size_t i = live_hash(addr, mask); sh->t[i]; i = (i + 1) & mask)
-        if (sh->t[i]->addr == addr) {
-            /* a block in a thread cache is freed as far as callers go */
-            if (sh->t[i]->tcached)
-                return NULL;
-            *slot = slot_make(s, i);
-            return sh->t[i];
-        }
+        if (sh->t[i]->addr == addr)
+            return i;
+    return SIZE_MAX;
+}
+
+vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
+{
+    /* the pointer's pool is not known: its large-pool shard, then its small-pool one */
+    for (int pool = VMM_NPOOLS; pool-- > 0;) {
+        size_t s = live_shard_of(addr, pool);
+        const vmm_live_shard *sh = &a->live[s];
+        size_t i = shard_find(sh, addr);
+        if (i == SIZE_MAX)
+            continue;
+        /* a block in a thread cache is freed as far as callers go */
+        if (sh->t[i]->tcached)
+            return NULL;
+        *slot = slot_make(s, i);
+        return sh->t[i];
+    }
     return NULL;
 }
 
@@ -666,24 +702,19 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
 
 vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
 {
-    vmm_live_shard *sh = &a->live[live_shard_of(addr)];
-    vmm_block *found = NULL;
+    /* small-pool shards only: nothing else can be thread-cached */
+    size_t s = live_shard_of(addr, VMM_SMALL);
+    vmm_live_shard *sh = &a->live[s];
     vmm_mutex_lock(&sh->lock);
-    if (sh->cap) {
-        size_t mask = sh->cap - 1;
-        for (size_t i = live_hash(addr, mask); sh->t[i]; i = (i + 1) & mask)
-            if (sh->t[i]->addr == addr) {
-                found = sh->t[i];
-                break;
-            }
-    }
+    size_t i = shard_find(sh, addr);
+    vmm_block *found = i == SIZE_MAX ? NULL : sh->t[i];
     vmm_mutex_unlock(&sh->lock);
     return found;
 }
 
 void vmm_live_remove(vmm_allocator *a, vmm_block *b)
 {
-    size_t s = live_shard_of(b->addr);
+    size_t s = live_shard_of(b->addr, b->seg->pool);
     const vmm_live_shard *sh = &a->live[s];
     size_t mask = sh->cap - 1;
     size_t i = live_hash(b->addr, mask);
@@ -694,10 +725,11 @@ void vmm_live_remove(vmm_allocator *a, vmm_block *b)
 
 void vmm_live_remove_at(vmm_allocator *a, size_t slot)
 {
-    vmm_live_shard *sh = &a->live[slot % VMM_LIVE_SHARDS];
+    size_t s = slot % VMM_LIVE_SHARDS;
+    vmm_live_shard *sh = &a->live[s];
     size_t i = slot / VMM_LIVE_SHARDS;
     size_t mask = sh->cap - 1;
-    vmm_mutex_lock(&sh->lock);
+    shard_lock(sh, s);
     sh->t[i] = NULL;
     sh->n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */
@@ -710,7 +742,7 @@ void vmm_live_remove_at(vmm_allocator *a, size_t slot)
             i = j;
         }
     }
-    vmm_mutex_unlock(&sh->lock);
+    shard_unlock(sh, s);
     a->live_n--;
 }
 
