@@ -243,12 +243,12 @@ typedef struct vmm_quarantined {
     int pool;
 } vmm_quarantined;
 
-/* The live table: pointer -> allocated block, in shards chosen by the block's pool (half each) and
- * its 2 MiB region, so that threads allocating on their own streams (so in their own segments)
- * look blocks up without sharing a cache line. A shard: open addressing, linear probing,
- * backward-shift deletion, a lock of its own that only small-pool shards use. Writers hold the
- * allocator lock and (small pool) the shard's; a thread cache's lookup (tcache.c) holds only the
- * shard's; readers holding the allocator lock need no shard lock. */
+/* The live table: pointer -> allocated block. Small-pool blocks in half the shards, chosen by the
+ * pointer's 2 MiB region, so that threads allocating on their own streams (so in their own
+ * segments) look blocks up without sharing a cache line; large-pool blocks in one shard. A shard:
+ * open addressing, linear probing, backward-shift deletion, a lock of its own that only the
+ * small-pool shards use. Writers hold the allocator lock and (small pool) the shard's; a thread
+ * cache's lookup (tcache.c) holds only the shard's; readers holding the allocator lock need none. */
 enum { VMM_LIVE_SHARDS = 256 };
 typedef struct vmm_live_shard {
     _Alignas(64) _Atomic int lock;

@@ -572,20 +572,22 @@ void vmm_pool_release(vmm_allocator *a, vmm_block *b)
 
 _Static_assert((VMM_LIVE_SHARDS & (VMM_LIVE_SHARDS - 1)) == 0, "shard count: a power of two");
 enum {
-    /* shards [0, HALF) hold small-pool blocks, [HALF, SHARDS) large-pool ones. Only small blocks
+    /* shards [0, HALF) hold small-pool blocks, shard HALF the large-pool ones. Only small blocks
      * can be thread-cached, so only their shards are probed without the allocator lock and need
      * their own lock: large-pool mallocs and frees, most of what a training step does under the
-     * allocator lock, then make no extra atomic read-modify-write (6 per pair cost ~40 ns). */
+     * allocator lock, then make no extra atomic read-modify-write (6 per pair cost ~40 ns). The
+     * shards above HALF stay unused. */
     LIVE_HALF = VMM_LIVE_SHARDS / 2,
     LIVE_SHARD_SHIFT = 64 - __builtin_ctz(LIVE_HALF), /* top bits of the hash pick one in a half */
 };
 
-/* Shard of a pointer in a pool's half: its 2 MiB region hashed (Fibonacci hashing), so one
- * segment's blocks spread over few shards and two streams' segments seldom share one. */
+/* Shard of a small-pool pointer: its 2 MiB region hashed (Fibonacci hashing), so one segment's
+ * blocks spread over few shards and two streams' segments seldom share one. */
 static inline size_t live_shard_of(uintptr_t addr, int pool)
 {
-    size_t h = (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
-    return pool == VMM_SMALL ? h : LIVE_HALF + h;
+    if (pool != VMM_SMALL)
+        return LIVE_HALF; /* one table, as before shards: no lock, no second probe sequence */
+    return (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
 }
 
 static inline int live_locked(size_t shard) { return shard < LIVE_HALF; }
