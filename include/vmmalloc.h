@@ -112,8 +112,8 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  * no vmm_record_stream use goes to the freeing thread's cache, and that thread's next malloc of the
  * same rounded size on the same stream gets it back without taking the allocator's lock; that is
  * how threads on one allocator run in parallel. Cached blocks count as freed in every counter and
- * go back to their pool (where they merge) before this thread's small-pool growth, before any
- * OOM, on vmm_empty_cache, vmm_check and snapshots, and when the thread exits. Caches turn off for
+ * go back to their pool (where they merge) before this thread maps new memory, before any OOM, on
+ * vmm_empty_cache, vmm_check and snapshots, and when the thread exits. Caches turn off for
  * good once history is recorded or tags, sleep, IPC, private pools or callbacks are used.
  */
 VMM_API int vmm_free(vmm_allocator *a, void *ptr);

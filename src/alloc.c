@@ -414,11 +414,15 @@ again:;
     if (VMM_UNLIKELY(!b)) {
         if (rc)
             return rc;
-        /* before new small-pool memory: the small blocks this thread's cache holds back may
-         * merge into a fit (for the large pool they wait for the OOM path's drain) */
-        if (own_cache_drained < 2) {
+        /* before new memory, what this thread's cache holds back: one cached block that fits
+         * (the least disturbance), else the older half of every bin, else all of it (they may
+         * merge into a fit, or free pages a remap can move) */
+        while (own_cache_drained < 3) {
+            size_t got = own_cache_drained == 0   ? vmm_tc_give_fit(a, rounded, key)
+                         : own_cache_drained == 1 ? vmm_tc_trim_self(a, SIZE_MAX)
+                                                  : vmm_tc_drain(a, 1);
             own_cache_drained++;
-            if (own_cache_drained == 1 ? vmm_tc_trim_self(a, SIZE_MAX) : vmm_tc_drain(a, 1))
+            if (got)
                 goto again;
         }
         /* PyTorch's step 2: free-memory callbacks (outside the lock), then the cache again */

@@ -68,8 +68,10 @@ VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vm
     vmm_lock(a);
     vmm_block *b = vmm_live_find(a, (uintptr_t)base);
     int set = b && !b->group;
-    if (set)
+    if (set) {
         b->group = g;
+        b->grouped = 1;
+    }
     vmm_unlock(a);
     if (!set) {
         /* only a concurrent vmm_free of a pointer nobody else has yet could get here */
@@ -85,6 +87,7 @@ void vmm_group_drop(vmm_allocator *a, vmm_block *b)
 {
     group_free(a, b->group);
     b->group = NULL;
+    b->grouped = 0;
 }
 
 void vmm_group_destroy_all(vmm_allocator *a)

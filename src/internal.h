@@ -139,8 +139,10 @@ typedef struct vmm_block_ext {
     uint32_t cap_events;       /* capacity of events (always cap_uses) */
 } vmm_block_ext;
 
-/* Field order matters: the best-fit walk and the malloc / free pair touch the first 64 bytes
- * (treap key and links, state, n_uses, prev); the second line holds the rest. */
+/* Field order matters: the best-fit walk and a thread cache's malloc / free pair touch only the
+ * first 64 bytes (treap key and links, state, n_uses, requested, the flags); the allocator's free
+ * reads both neighbours (second line). With 10^6 live blocks a freed block's record is cold, so a
+ * second line cost the ring pattern one more cache miss per pair. */
 struct vmm_block {
     uintptr_t addr;
     size_t size;
@@ -150,11 +152,11 @@ struct vmm_block {
     uint8_t state;             /* vmm_block_state */
     uint8_t in_index;          /* 1 while in a free / unmapped treap */
     uint8_t tcached;           /* 1 while in a thread cache (see above); guarded by its lock */
+    uint8_t grouped;           /* group != NULL (group.c), where the thread caches look */
     uint32_t n_uses;           /* streams in ext->uses (0 when ext is NULL) */
-    vmm_block *prev;           /* address neighbours inside the segment */
-    /* ---- second cache line ---- */
-    vmm_block *next;
     size_t requested;          /* bytes asked for (allocated / pending blocks) */
+    /* ---- second cache line ---- */
+    vmm_block *prev, *next;    /* address neighbours inside the segment */
     uint64_t free_seq;         /* own stream's free sequence number when last freed */
     uint64_t gc_stamp;         /* allocator malloc count when freed (garbage collection age) */
     vmm_block_ext *ext;        /* record_stream uses and pending events; NULL until needed */
@@ -165,6 +167,8 @@ struct vmm_block {
 /* 128 bytes is a jemalloc size class whose regions are 128-aligned, so the hot first half of a
  * record is one cache line (at 144 bytes, the 160 class straddled lines in every other record). */
 _Static_assert(sizeof(struct vmm_block) == 128, "vmm_block: keep the record at 128 bytes");
+_Static_assert(offsetof(struct vmm_block, requested) + sizeof(size_t) <= 64,
+               "vmm_block: what a thread cache's pair touches stays in the first cache line");
 
 struct vmm_segment {
     uintptr_t base;            /* VA reservation (expandable) or mem_alloc pointer (classic) */
@@ -663,6 +667,10 @@ size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc);
  * every bin (size SIZE_MAX): a miss that found no fit, a full bin, a full cache; the thread keeps
  * its warm blocks. Returns the bytes given back. */
 size_t vmm_tc_trim_self(vmm_allocator *a, size_t size);
+/* Allocator lock held: the calling thread's smallest cached block of lane s at least `size` bytes
+ * back to its pool (a malloc that found no fit: one block, the least disturbance). Returns its
+ * size, 0 when the cache has none. */
+size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s);
 /* Allocator lock held: caches off for good, drained: sleep, IPC, tags, private pools, history and
  * callbacks need every malloc and free to pass under the allocator lock. */
 void vmm_tc_off(vmm_allocator *a);

@@ -105,6 +105,7 @@ static inline void block_init(vmm_block *f, uintptr_t addr, size_t size, vmm_seg
     f->state = VMM_BLOCK_FREE;
     f->in_index = 0;
     f->tcached = 0;
+    f->grouped = 0;
     f->n_uses = 0;
     f->prev = prev;
     f->next = next;
