@@ -180,7 +180,7 @@ def main():
       "flight and are freed in allocation order. The ring is filled before the clock starts, and every\n"
       "allocator gets the same size sequence. Pairs run in batches of 256 timed with clock_gettime; median and\n"
       "p99 are over the per-pair means of every thread's batches. Mp/s is the aggregate throughput: pairs done\n"
-      "by all threads / wall time between the barriers that start and end the timed section, in 10^6 pairs/s.\n"
+      "by all threads / wall time from the earliest thread's start to the latest one's end, in 10^6 pairs/s.\n"
       "Small and ring run with 1, 2 and 4 threads (4 threads oversubscribe this 2-core VM on purpose), large\n"
       "and mixed with 1 and 2. On vmmalloc every thread allocates on its own stream (vmm_sim_stream_create,\n"
       "thread 0 included); glibc and jemalloc use their per-thread arenas and caches. glibc's malloc/free are\n"
