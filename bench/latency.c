@@ -10,8 +10,8 @@
  *
  * Threads: 1, 2, 4, ... up to --threads, each holding its share of the live set; on vmmalloc each
  * thread allocates on its own stream (vmm_sim_stream_create, thread 0 too). Besides the latency per
- * pair, the aggregate throughput: pairs done by all threads / wall time between the start and end
- * barriers of the timed section.
+ * pair, the aggregate throughput: pairs done by all threads / wall time from the earliest thread's
+ * start of its timed section to the latest one's end.
  *
  * The program links jemalloc, which replaces malloc; glibc's own functions are looked up in
  * libc.so.6 with dlsym on that library's handle.
