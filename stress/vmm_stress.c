@@ -35,8 +35,6 @@ enum {
     FILL_EDGE = 4096,
     /* Printed violations; the rest are only counted. */
     MAX_PRINTED = 20,
-    /* Tries before a free that fails with an injected driver error is put back. */
-    FREE_TRIES = 8,
     /* Pool boundary of the caching design: requests up to 1 MiB live in the small pool. */
     SMALL_POOL_MAX = 1 << 20,
 };
@@ -216,7 +214,7 @@ typedef struct counters {
     atomic_uint_fast64_t ops, mallocs, frees, handoffs, exchanges, empty_caches, zero_size;
     atomic_uint_fast64_t ooms, frag_ooms, fault_ooms, naive_free_ooms, oom_retry_ok;
     atomic_uint_fast64_t injected_errors;  /* clean error codes surfaced while faults were on */
-    atomic_uint_fast64_t free_retries, launches_failed, verified, bytes_verified;
+    atomic_uint_fast64_t launches_failed, verified, bytes_verified;
     atomic_uint_fast64_t checks;
     atomic_uint_fast64_t captures, replays, graph_destroys, graph_verifies, capture_ooms, shared_pools;
 } counters;
@@ -798,11 +796,8 @@ static void graph_destroy(run_t *R, size_t k)
     for (size_t i = 0; i < g->nouts; i++) {
         block *b = g->outs[i];
         shadow_remove(R, b);
-        int rc = VMM_OK;
-        for (int tries = 0; tries < FREE_TRIES; tries++)
-            if ((rc = vmm_free(R->a, b->ptr)) == VMM_OK)
-                break;
-        if (rc != VMM_OK)
+        /* vmm_free of a live block cannot fail (vmmalloc.h), faults or not */
+        if (vmm_free(R->a, b->ptr) != VMM_OK)
             violation("vmm_free of a graph output failed: %s", vmm_last_error());
         free(b);
     }
@@ -945,29 +940,22 @@ static void op_malloc(run_t *R, thread_state *t)
     do_malloc(R, t, size, huge, (int)rng_below(&t->r, (uint64_t)R->nstreams));
 }
 
-/* Free a block the caller holds (already taken off its list). Returns 0 when freed; otherwise the
- * block is still live (a free that failed with an injected fault changes nothing, by contract) and
- * the caller keeps it, without further data checks. */
+/* Free a block the caller holds (already taken off its list). Returns 0 when freed. vmm_free of a
+ * live block cannot fail, injected driver faults or not (vmmalloc.h: PyTorch's free hook cannot
+ * retry): a failure is a violation, and the block stays with the caller, without further data
+ * checks. */
 static int free_block(run_t *R, block *b)
 {
     if (b->filled_ok && !b->handed && R->is_sim)
         launch(R, b->stream, launch_verify, b);
     pthread_rwlock_rdlock(&R->oom_lock);
     shadow_remove(R, b);
-    int rc = VMM_OK;
-    for (int tries = 0; tries < FREE_TRIES; tries++) {
-        rc = vmm_free(R->a, b->ptr);
-        if (rc == VMM_OK || !(opt.faults > 0 && rc == VMM_EDRIVER))
-            break;
-        atomic_fetch_add(&R->c.free_retries, 1);
-        atomic_fetch_add(&R->c.injected_errors, 1);
-    }
+    int rc = vmm_free(R->a, b->ptr);
     if (rc != VMM_OK) {
         shadow_insert(R, b);
         pthread_rwlock_unlock(&R->oom_lock);
-        if (!(opt.faults > 0 && rc == VMM_EDRIVER))
-            violation("vmm_free(%p) of live block %" PRIu64 " failed: %s (%s)", (void *)b->ptr, b->id,
-                      vmm_status_name(rc), vmm_last_error());
+        violation("vmm_free(%p) of live block %" PRIu64 " failed: %s (%s)", (void *)b->ptr, b->id,
+                  vmm_status_name(rc), vmm_last_error());
         b->filled_ok = 0; /* a verify may be queued already: no more stream work on it */
         return -1;
     }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -77,6 +78,45 @@ const char *vmm_test_python(void)
     if (access("/usr/bin/python3", X_OK) == 0)
         return "/usr/bin/python3";
     return system("command -v python3 >/dev/null 2>&1") == 0 ? "python3" : NULL;
+}
+
+int vmm_test_run_python(const char *script, const char *args)
+{
+#if defined(__SANITIZE_THREAD__)
+    (void)script;
+    (void)args;
+    fprintf(stderr, "ThreadSanitizer build: python3 cannot host the library: skipped\n");
+    return 77;
+#else
+#if defined(__SANITIZE_ADDRESS__)
+#define PY_PRELOAD_ "LD_PRELOAD=\"$(${CC:-cc} -print-file-name=libasan.so) " \
+                    "$(${CC:-cc} -print-file-name=libubsan.so)\" ASAN_OPTIONS=detect_leaks=0"
+#else
+#define PY_PRELOAD_ ""
+#endif
+    const char *py = vmm_test_python();
+    if (!py) {
+        fprintf(stderr, "python3 not available: skipped\n");
+        return 77;
+    }
+    const char *lib = getenv("VMM_SHARED_LIB");
+    if (!lib) {
+        fprintf(stderr, "VMM_SHARED_LIB is not set (run through ctest)\n");
+        return 1;
+    }
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "env " PY_PRELOAD_ " VMMALLOC_LIB='%s' VMMALLOC_CONF='driver:sim,sim_capacity:1G' %s '%s'%s%s",
+             lib, py, vmm_test_source_path(script), *args ? " " : "", args);
+#undef PY_PRELOAD_
+    int st = system(cmd);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "%s: %s\n", script,
+                st == -1 || !WIFEXITED(st) ? "did not run to its end" : "failed");
+        return 1;
+    }
+    return 0;
+#endif
 }
 
 void vmm_test_check_no_sim_leaks(void)

@@ -80,6 +80,13 @@ void vmm_test_gate_wait(void *gate);
 /* $VMM_PYTHON, else the system's python3 (a version manager's shim on PATH can take seconds to
  * start), else python3 from PATH; NULL when there is none. */
 const char *vmm_test_python(void);
+/* Run the Python script `script` (a path relative to the source tree) with extra arguments `args`
+ * ("" for none) on the vmmalloc package over the shared library ($VMM_SHARED_LIB, set by ctest) and
+ * the simulated driver (sim_capacity 1G). Returns the test's exit status: 0 when the script passed,
+ * 1 when it failed, 77 (skip) when python3 is missing and in ThreadSanitizer builds (an
+ * uninstrumented python3 cannot host a TSan library). In AddressSanitizer builds the sanitizer
+ * runtimes are preloaded into python3 and leak checking is left off (Python's own allocations). */
+int vmm_test_run_python(const char *script, const char *args);
 
 /* gpu tests: what to do after trying to open the cuda driver with result `r` (a vmm_drv_result)
  * and message `msg`. Returns 77 (skip) only when no CUDA driver is installed (NOT_INITIALIZED: no
