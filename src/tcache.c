@@ -318,6 +318,31 @@ static inline void delta_down(tc_delta *d, int64_t x)
     d->net -= x;
 }
 
+/* Take entry k out of bin (the others keep their order: oldest at the bottom, which the trims'
+ * "older half" relies on); the block is no longer cached. Caller holds tc's lock. */
+static vmm_block *bin_take(vmm_tcache *tc, tc_bin *bin, uint32_t k)
+{
+    vmm_block *b = bin->b[k];
+    memmove(&bin->b[k], &bin->b[k + 1], (bin->n - k - 1) * sizeof bin->b[0]);
+    memmove(&bin->key[k], &bin->key[k + 1], (bin->n - k - 1) * sizeof bin->key[0]);
+    bin->n--;
+    b->tcached = 0;
+    tc->bytes -= b->size;
+    return b;
+}
+
+/* Index of the newest (malloc: the warmest) or oldest (give-backs: the coldest) block of lane s
+ * in bin, or -1. */
+static inline int bin_find(const tc_bin *bin, vmm_stream s, int oldest)
+{
+    for (uint32_t j = 0; j < bin->n; j++) {
+        uint32_t i = oldest ? j : bin->n - 1 - j;
+        if (bin->key[i] == s)
+            return (int)i;
+    }
+    return -1;
+}
+
 int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
 {
     if (size > TC_MAX_SIZE)
@@ -330,27 +355,16 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
     if (r < TC_STEP)
         r = TC_STEP;
     tc_bin *bin = &tc->bins[r / TC_STEP - 1];
-    vmm_block *b = NULL;
-    if (r <= TC_MAX_SIZE) {
-        for (uint32_t i = bin->n; i-- > 0;)
-            if (bin->key[i] == s) {
-                b = bin->b[i];
-                bin->n--;
-                bin->b[i] = bin->b[bin->n];
-                bin->key[i] = bin->key[bin->n];
-                break;
-            }
-    }
-    if (!b) {
+    int k = r <= TC_MAX_SIZE ? bin_find(bin, s, 0) : -1;
+    if (k < 0) {
         tc->n[TC_MISS]++;
         mark_dirty(tc);
         vmm_mutex_unlock(&tc->lock);
         return 0;
     }
+    vmm_block *b = bin_take(tc, bin, (uint32_t)k);
     tc->n[TC_HIT]++;
-    b->tcached = 0;
     b->requested = size;
-    tc->bytes -= b->size;
     mark_dirty(tc);
     delta_up(&tc->d[TC_ALLOCATION], 1);
     delta_up(&tc->d[TC_BYTES], (int64_t)b->size);
@@ -465,6 +479,17 @@ void vmm_tc_fold_self(vmm_allocator *a)
     vmm_mutex_unlock(&tc->lock);
 }
 
+/* The calling thread's cache, locked, its deltas folded; NULL when it has none. Allocator lock held. */
+static vmm_tcache *self_locked(vmm_allocator *a)
+{
+    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
+    if (tc) {
+        vmm_mutex_lock(&tc->lock);
+        fold_locked(a, tc);
+    }
+    return tc;
+}
+
 /* Give back the blocks of every bin (half: the older half of each; only: just the bin of blocks
  * of that size, 0 for all). Caller holds the allocator lock and tc's. Returns bytes given. */
 static size_t drain_locked(vmm_allocator *a, vmm_tcache *tc, unsigned half, size_t only)
@@ -474,16 +499,11 @@ static size_t drain_locked(vmm_allocator *a, vmm_tcache *tc, unsigned half, size
     for (int i = i0; i < i1; i++) {
         tc_bin *bin = &tc->bins[i];
         uint32_t n = half ? (bin->n + 1) / 2 : bin->n; /* the bottom of the stack: oldest */
-        for (uint32_t k = 0; k < n; k++) {
-            vmm_block *b = bin->b[k];
-            b->tcached = 0;
-            tc->bytes -= b->size;
+        while (n--) {
+            vmm_block *b = bin_take(tc, bin, 0);
             given += b->size;
             a->tcs->release(a, b); /* the free was counted by the delta folded before */
         }
-        memmove(&bin->b[0], &bin->b[n], (bin->n - n) * sizeof bin->b[0]);
-        memmove(&bin->key[0], &bin->key[n], (bin->n - n) * sizeof bin->key[0]);
-        bin->n -= n;
     }
     return given;
 }
@@ -499,27 +519,19 @@ size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc)
 
 size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
 {
-    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
-    if (!tc || size > TC_MAX_SIZE)
+    if (size > TC_MAX_SIZE)
         return 0;
-    vmm_mutex_lock(&tc->lock);
-    fold_locked(a, tc);
+    vmm_tcache *tc = self_locked(a);
+    if (!tc)
+        return 0;
     size_t given = 0;
     /* the smallest cached block of the lane at least `size` large: a fit once it is back */
     for (size_t i = (size + TC_STEP - 1) / TC_STEP - 1; i < TC_BINS && !given; i++) {
-        tc_bin *bin = &tc->bins[i];
-        for (uint32_t k = 0; k < bin->n; k++) {
-            if (bin->key[k] != s)
-                continue;
-            vmm_block *b = bin->b[k]; /* the oldest of the lane in the bin: the coldest */
-            memmove(&bin->b[k], &bin->b[k + 1], (bin->n - k - 1) * sizeof bin->b[0]);
-            memmove(&bin->key[k], &bin->key[k + 1], (bin->n - k - 1) * sizeof bin->key[0]);
-            bin->n--;
-            b->tcached = 0;
-            tc->bytes -= b->size;
+        int k = bin_find(&tc->bins[i], s, 1);
+        if (k >= 0) {
+            vmm_block *b = bin_take(tc, &tc->bins[i], (uint32_t)k);
             given = b->size;
             a->tcs->release(a, b);
-            break;
         }
     }
     vmm_mutex_unlock(&tc->lock);
@@ -528,11 +540,9 @@ size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
 
 size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
 {
-    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
+    vmm_tcache *tc = self_locked(a);
     if (!tc)
         return 0;
-    vmm_mutex_lock(&tc->lock);
-    fold_locked(a, tc);
     size_t n = drain_locked(a, tc, 1, size == SIZE_MAX ? 0 : size);
     vmm_mutex_unlock(&tc->lock);
     return n;
