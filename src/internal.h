@@ -679,8 +679,8 @@ int vmm_tc_on(const vmm_allocator *a);
  * the caller sees one state no thread changes meanwhile (vmm_check, snapshots). */
 int vmm_tc_pause(vmm_allocator *a);
 void vmm_tc_resume(vmm_allocator *a, int was);
-/* Caches, bytes they hold, and counts so far: mallocs served and not, frees kept and not (the
- * allocator's); allocator lock held. */
+/* Caches, bytes they hold, and counts up to the last vmm_tc_fold (the caller folds first, as for
+ * the stats): mallocs served and not, frees kept and not (the allocator's); allocator lock held. */
 void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t counts[4]);
 
 /* ---- sleep.c: tags, lanes, sleep / wake --------------------------------------------------- */

@@ -601,7 +601,6 @@ void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t count
     if (!a->tcs)
         return;
     _Static_assert(TC_NCOUNTS == 4, "vmm_tc_info: counts[4]");
-    vmm_tc_fold(a);
     memcpy(counts, a->tcs->counts, sizeof a->tcs->counts);
     for (vmm_tcache *tc = a->tcs->list; tc; tc = tc->next) {
         vmm_mutex_lock(&tc->lock);
