@@ -15,7 +15,8 @@ enum {
     LIVE_MIN_CAP = 64,                /* first live-table size (power of two) */
     LIVE_LOAD_DIV = 4,                /* live table kept at most 1/4 full: at 1/2, probe runs of
                                        * varying length made the lookup's and removal's loop exits
-                                       * mispredict on ~1 pair in 3; 8 more bytes per live block */
+                                       * mispredict on ~1 pair in 3; 2 more slots (32 bytes) per
+                                       * live block */
     BLOCK_CACHE_MAX = 4096,           /* recycled records kept: ~0.5 MiB of host memory at most */
 };
 
@@ -610,12 +611,12 @@ static size_t live_hash(uintptr_t addr, size_t mask)
     return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
 }
 
-static void live_put(vmm_block **t, size_t cap, vmm_block *b)
+static void live_put(vmm_live_slot *t, size_t cap, uintptr_t addr, vmm_block *b)
 {
-    size_t i = live_hash(b->addr, cap - 1);
-    while (t[i])
+    size_t i = live_hash(addr, cap - 1);
+    while (t[i].blk)
         i = (i + 1) & (cap - 1);
-    t[i] = b;
+    t[i] = (vmm_live_slot){addr, b};
 }
 
 /* Room for one more block of `pool` at addr (allocator lock held); the swap to a larger table
@@ -627,13 +628,13 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
     if (VMM_LIKELY(sh->n + 1 <= sh->cap / LIVE_LOAD_DIV))
         return VMM_OK;
     size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
-    vmm_block **nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
+    vmm_live_slot *nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
     if (!nt)
         return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
     for (size_t i = 0; i < sh->cap; i++)
-        if (sh->t[i])
-            live_put(nt, ncap, sh->t[i]);
-    vmm_block **old = sh->t;
+        if (sh->t[i].blk)
+            live_put(nt, ncap, sh->t[i].addr, sh->t[i].blk);
+    vmm_live_slot *old = sh->t;
     size_t old_cap = sh->cap;
     shard_lock(sh, s);
     sh->t = nt;
@@ -650,7 +651,7 @@ static void live_put_block(vmm_allocator *a, vmm_block *b)
     size_t s = live_shard_of(b->addr, b->seg->pool);
     vmm_live_shard *sh = &a->live[s];
     shard_lock(sh, s);
-    live_put(sh->t, sh->cap, b);
+    live_put(sh->t, sh->cap, b->addr, b);
     sh->n++;
     shard_unlock(sh, s);
     a->live_n++;
@@ -673,8 +674,8 @@ static inline size_t shard_find(const vmm_live_shard *sh, uintptr_t addr)
     if (!sh->cap)
         return SIZE_MAX;
     size_t mask = sh->cap - 1;
-    for (size_t i = live_hash(addr, mask); sh->t[i]; i = (i + 1) & mask)
-        if (sh->t[i]->addr == addr)
+    for (size_t i = live_hash(addr, mask); sh->t[i].blk; i = (i + 1) & mask)
+        if (sh->t[i].addr == addr)
             return i;
     return SIZE_MAX;
 }
@@ -689,10 +690,10 @@ vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
         if (i == SIZE_MAX)
             continue;
         /* a block in a thread cache is freed as far as callers go */
-        if (sh->t[i]->tcached)
+        if (sh->t[i].blk->tcached)
             return NULL;
         *slot = slot_make(s, i);
-        return sh->t[i];
+        return sh->t[i].blk;
     }
     return NULL;
 }
@@ -710,7 +711,7 @@ vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
     vmm_live_shard *sh = &a->live[s];
     vmm_mutex_lock(&sh->lock);
     size_t i = shard_find(sh, addr);
-    vmm_block *found = i == SIZE_MAX ? NULL : sh->t[i];
+    vmm_block *found = i == SIZE_MAX ? NULL : sh->t[i].blk;
     vmm_mutex_unlock(&sh->lock);
     return found;
 }
@@ -721,7 +722,7 @@ void vmm_live_remove(vmm_allocator *a, vmm_block *b)
     const vmm_live_shard *sh = &a->live[s];
     size_t mask = sh->cap - 1;
     size_t i = live_hash(b->addr, mask);
-    while (sh->t[i] != b)
+    while (sh->t[i].blk != b)
         i = (i + 1) & mask;
     vmm_live_remove_at(a, slot_make(s, i));
 }
@@ -733,15 +734,15 @@ void vmm_live_remove_at(vmm_allocator *a, size_t slot)
     size_t i = slot / VMM_LIVE_SHARDS;
     size_t mask = sh->cap - 1;
     shard_lock(sh, s);
-    sh->t[i] = NULL;
+    sh->t[i].blk = NULL;
     sh->n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */
-    for (size_t j = (i + 1) & mask; sh->t[j]; j = (j + 1) & mask) {
-        size_t home = live_hash(sh->t[j]->addr, mask);
+    for (size_t j = (i + 1) & mask; sh->t[j].blk; j = (j + 1) & mask) {
+        size_t home = live_hash(sh->t[j].addr, mask);
         int movable = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
         if (movable) {
             sh->t[i] = sh->t[j];
-            sh->t[j] = NULL;
+            sh->t[j].blk = NULL;
             i = j;
         }
     }
