@@ -32,8 +32,8 @@ def run(args, **kw):
 def workload(wdir, name):
     path = os.path.join(wdir, name)
     if not os.path.isfile(path):
-        print(f"bench_smoke: MISSING WORKLOAD {path}: the bench tests need ../shared/workloads/pytorch "
-              f"beside the repository", file=sys.stderr)
+        print(f"bench_smoke: MISSING WORKLOAD {path}: the bench tests read workloads/pytorch "
+              f"in the repository", file=sys.stderr)
         sys.exit(1)
     return path
 
@@ -94,7 +94,7 @@ def t_replay_json(bench, wdir, src):
     check(ratio <= 1.02, f"TARGET: expandable peak reserved / peak allocated {ratio:.4f} <= 1.02")
     # The copy shipped in bench/data is the same trace.
     with open(path, "rb") as a, open(os.path.join(src, "data", "gpt2small_trainstep.trace.csv"), "rb") as b:
-        check(a.read() == b.read(), "bench/data/gpt2small_trainstep.trace.csv equals the shared trace")
+        check(a.read() == b.read(), "bench/data/gpt2small_trainstep.trace.csv equals workloads/pytorch's copy")
 
 
 MALFORMED = [

@@ -6,9 +6,8 @@ Standard library only.
 usage: bench/benchmarks_md.py BUILD_DIR [--out docs/benchmarks.md] [--quick] [--workloads DIR]
 Run from the repository root, with a Release build (cmake -DCMAKE_BUILD_TYPE=Release).
 --workloads: the directory of PyTorch traces (*.trace.csv, *.pickle) replayed for the targets;
-default $VMM_WORKLOADS, else ../shared/workloads/pytorch (the development checkout's copy). The
-document names that directory `$W` and says where each trace comes from publicly (TRACE_SOURCES),
-so it never points at a path a reader's clone does not have.
+default $VMM_WORKLOADS, else workloads/pytorch (the copies in this repository, workloads/README.md).
+The document names that directory `$W` and says where each trace comes from publicly (TRACE_SOURCES).
 """
 
 import argparse
@@ -78,8 +77,8 @@ def shown_cmd(cmd, path):
 
 
 def workloads_intro(traces):
-    lines = ["`$W` below is a directory holding these traces; they are not part of this repository (except "
-             f"where noted), but each is public:\n"]
+    lines = ["`$W` below is a directory holding these traces (by default `workloads/pytorch` in this "
+             "repository, with their licences; workloads/README.md); each is public:\n"]
     for t in traces:
         name = os.path.basename(t)
         src = TRACE_SOURCES.get(name, "source not recorded in bench/benchmarks_md.py (TRACE_SOURCES).")
@@ -95,7 +94,7 @@ def main():
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--quick", action="store_true", help="small latency/scale runs (for trying the script)")
     ap.add_argument("--workloads", default=os.environ.get("VMM_WORKLOADS",
-                                                          os.path.join("..", "shared", "workloads", "pytorch")),
+                                                          os.path.join("workloads", "pytorch")),
                     help="directory of the PyTorch traces replayed for the targets (shown as $W)")
     a = ap.parse_args()
     bench = os.path.join(a.build, "bench", "vmm-bench")

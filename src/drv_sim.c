@@ -53,8 +53,8 @@ enum {
 #define SIM_DEFAULT_CAPACITY ((size_t)80 << 30) /* an 80 GiB A100/H100 */
 
 /*
- * Modeled cost per call, nanoseconds. Measured (../shared/reference.md, kvcached bench_vmm on an
- * A100, 2 MiB pages, averages): va_reserve 19 us, mem_create 193 us, mem_map 1.45 us, set_access
+ * Modeled cost per call, nanoseconds. Measured (kvcached's benchmarks/bench_vmm, its sample output on
+ * an A100, 2 MiB pages, averages): va_reserve 19 us, mem_create 193 us, mem_map 1.45 us, set_access
  * 36 us, mem_unmap 25.6 us; cudaMalloc ~50 us. The others have no measurement at hand and are
  * estimates:
  *  - mem_free 30 us: cuMemFree tears down the same page-table entries as cuMemUnmap (25.6 us) plus

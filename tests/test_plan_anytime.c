@@ -47,10 +47,10 @@ enum {
 static int load(const char *name, vmm_plan_problem *p)
 {
     char rel[128];
-    snprintf(rel, sizeof rel, "../shared/workloads/minimalloc/%s.1048576.csv", name);
+    snprintf(rel, sizeof rel, "workloads/minimalloc/%s.1048576.csv", name);
     const char *path = vmm_test_source_path(rel);
     if (vmm_plan_load_csv(path, p)) {
-        fprintf(stderr, "cannot load %s: %s (is ../shared/workloads next to the source tree?)\n", path,
+        fprintf(stderr, "cannot load %s: %s (is workloads/ in the source tree?)\n", path,
                 vmm_last_error());
         vmm_test_failures++;
         return -1;

@@ -66,16 +66,16 @@ int main(void)
 
     /* The shared workloads: they must be there (a missing directory fails loudly). */
     static const char *const files[] = {
-        "../shared/workloads/minimalloc/A.1048576.csv",
-        "../shared/workloads/iree/iree_mobilebert.csv",
-        "../shared/workloads/somas/somas_resnet50.csv",
-        "../shared/workloads/pytorch/cs336_bcrafton_gpt2small_compiled_trainstep.trace.csv",
+        "workloads/minimalloc/A.1048576.csv",
+        "workloads/iree/iree_mobilebert.csv",
+        "workloads/somas/somas_resnet50.csv",
+        "workloads/pytorch/cs336_bcrafton_gpt2small_compiled_trainstep.trace.csv",
     };
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
         const char *path = vmm_test_source_path(files[k]);
         int rc = vmm_plan_load_csv(path, &p);
         if (rc) {
-            fprintf(stderr, "cannot load %s: %s (is ../shared/workloads next to the source tree?)\n", path,
+            fprintf(stderr, "cannot load %s: %s (is workloads/ in the source tree?)\n", path,
                     vmm_last_error());
             vmm_test_failures++;
             continue;

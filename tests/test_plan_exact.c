@@ -38,9 +38,9 @@ static int plan_with(vmm_plan_buffer *b, size_t n, int algo, uint64_t cap, vmm_p
 int main(void)
 {
     static const char *const files[] = {
-        "../shared/workloads/minimalloc/G.1048576.csv",
-        "../shared/workloads/minimalloc/K.1048576.csv",
-        "../shared/workloads/minimalloc/I.1048576.csv",
+        "workloads/minimalloc/G.1048576.csv",
+        "workloads/minimalloc/K.1048576.csv",
+        "workloads/minimalloc/I.1048576.csv",
     };
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
         vmm_plan_problem p;

@@ -92,11 +92,11 @@ out:
 
 static void pangu(void)
 {
-    const char *path = vmm_test_source_path("../shared/workloads/somas/somas_pangu_2.6B.csv");
+    const char *path = vmm_test_source_path("workloads/somas/somas_pangu_2.6B.csv");
     vmm_plan_problem p;
     int rc = vmm_plan_load_csv(path, &p);
     if (rc) {
-        fprintf(stderr, "cannot load %s: %s (is ../shared/workloads next to the source tree?)\n", path,
+        fprintf(stderr, "cannot load %s: %s (is workloads/ in the source tree?)\n", path,
                 vmm_last_error());
         vmm_test_failures++;
         return;
