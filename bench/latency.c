@@ -382,6 +382,40 @@ static int live_index(const uint64_t *lives, int n, uint64_t live)
     return -1;
 }
 
+/* Nanoseconds per load of a chain of dependent loads through `bytes` of memory in a random cyclic
+ * order (Sattolo's shuffle), one 64-byte line per step: what a load that misses every cache (and
+ * the TLB) costs on this machine. A free at 10^6 live blocks makes two such loads one after the
+ * other (the live-table slot of the pointer, then its block record), which bounds how close the
+ * 10^6-live ring can come to the 10^3-live one. */
+static double chase_ns(size_t bytes)
+{
+    enum { LINE_WORDS = 64 / sizeof(size_t), STEPS = 4000000 };
+    size_t n = bytes / 64;
+    size_t *mem = bench_xmalloc(n * 64);
+    size_t *order = bench_xmalloc(n * sizeof *order);
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (size_t i = n - 1; i > 0; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+        size_t j = (size_t)(x % i), t = order[i]; /* j < i: one cycle through all lines */
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (size_t i = 0; i < n; i++)
+        mem[order[i] * LINE_WORDS] = order[(i + 1) % n] * LINE_WORDS;
+    free(order);
+    size_t at = 0;
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < STEPS; i++)
+        at = mem[at];
+    uint64_t t1 = bench_now_ns();
+    volatile size_t sink = at;
+    (void)sink;
+    free(mem);
+    return (double)(t1 - t0) / STEPS;
+}
+
 static void print_ratio_target(const char *what, double v, double base, double factor, const char *unit)
 {
     printf("  %s: %.1f %s vs %.1f %s = %.2fx -> %s\n", what, v, unit, base, unit, v / base,
@@ -509,6 +543,12 @@ int bench_latency(const bench_latency_opts *o)
             if (e3->ran && e6->ran)
                 print_ratio_target(what, e6->median, e3->median, 2, "ns");
         }
+    if (l6 >= 0 && all[P_RING][0][l6][K_EXPANDABLE].ran) {
+        double miss = chase_ns((size_t)256 << 20);
+        printf("  memory: a dependent load through 256 MiB costs %.1f ns here; a free at 10^6 live makes "
+               "two (live-table slot, block record): %.0f ns of the ring's %.1f ns pair\n",
+               miss, 2 * miss, all[P_RING][0][l6][K_EXPANDABLE].median);
+    }
     if (l3 >= 0 && n_tc > 1) {
         printf("\nTargets (expandable mode, each thread on its own stream, aggregate throughput at 10^3 "
                "live, %ld cores):\n", cores);
