@@ -416,6 +416,38 @@ static double chase_ns(size_t bytes)
     return (double)(t1 - t0) / STEPS;
 }
 
+/* The cells the thread verdicts compare (expandable, 10^3 live, small and ring, every thread count).
+ * On the 2-core dev VM a whole cell sometimes runs at half speed (two independent processes slow each
+ * other by ~20% there, and cells come out at one of two speeds), which flipped a verdict between two
+ * runs of the same build; these cells run VERDICT_RUNS times and keep the run of median throughput. */
+enum { VERDICT_RUNS = 3 };
+
+static int verdict_cell(enum kind k, enum pattern p, uint64_t live)
+{
+    return k == K_EXPANDABLE && live == 1000 && (p == P_SMALL || p == P_RING);
+}
+
+static result run_cell_median(enum kind k, enum pattern pat, const size_t *sizes, uint64_t live,
+                              int threads, int batches)
+{
+    result r[VERDICT_RUNS];
+    for (int i = 0; i < VERDICT_RUNS; i++) {
+        r[i] = run_cell(k, pat, sizes, live, threads, batches);
+        if (!r[i].ran)
+            return r[i];
+    }
+    /* the middle of three by throughput: lo and hi differ (ties put hi after lo) */
+    int lo = 0, hi = 0;
+    for (int i = 1; i < VERDICT_RUNS; i++) {
+        if (r[i].mpairs < r[lo].mpairs)
+            lo = i;
+        if (r[i].mpairs >= r[hi].mpairs)
+            hi = i;
+    }
+    _Static_assert(VERDICT_RUNS == 3, "run_cell_median picks the middle of three");
+    return r[3 - lo - hi];
+}
+
 static void print_ratio_target(const char *what, double v, double base, double factor, const char *unit)
 {
     printf("  %s: %.1f %s vs %.1f %s = %.2fx -> %s\n", what, v, unit, base, unit, v / base,
@@ -450,8 +482,9 @@ int bench_latency(const bench_latency_opts *o)
         printf("Host cost of one malloc+free pair with a live set held (ns; median and p99 of %d batches of "
                "%d pairs per thread),\nand aggregate throughput (Mp/s: pairs by all threads / wall time of the "
                "timed section, 10^6 pairs/s).\nvmmalloc runs on the simulated device, unbacked (host-side cost "
-               "only); each thread on its own stream.\nglibc %s, jemalloc %s, %ld cores.\n",
-               batches, BATCH, gnu_get_libc_version(), JEMALLOC_VERSION, cores);
+               "only); each thread on its own stream.\nglibc %s, jemalloc %s, %ld cores. Expandable at 10^3 live, small and "
+               "ring: the median of %d runs by Mp/s.\n",
+               batches, BATCH, gnu_get_libc_version(), JEMALLOC_VERSION, cores, (int)VERDICT_RUNS);
     for (int p = 0; p < P_COUNT; p++) {
         make_sizes((enum pattern)p, sizes);
         for (int ti = 0; ti < n_tc; ti++) {
@@ -474,7 +507,9 @@ int bench_latency(const bench_latency_opts *o)
                 for (int k = 0; k < K_COUNT; k++) {
                     bench_progress(pattern_name[p], (uint64_t)(li * K_COUNT + k),
                                    (uint64_t)(n_lives * K_COUNT));
-                    r[k] = run_cell((enum kind)k, (enum pattern)p, sizes, lives[li], th, batches);
+                    r[k] = verdict_cell((enum kind)k, (enum pattern)p, lives[li])
+                               ? run_cell_median((enum kind)k, (enum pattern)p, sizes, lives[li], th, batches)
+                               : run_cell((enum kind)k, (enum pattern)p, sizes, lives[li], th, batches);
                 }
                 bench_progress_end();
                 double g = r[K_GLIBC].ran ? r[K_GLIBC].median : 0;
