@@ -90,6 +90,8 @@ typedef struct vmm_sim_counters {
     uint64_t live_events;               /* events created and not destroyed */
     uint64_t host_bytes;                /* pinned host memory held (host_alloc, page rounded) */
     uint64_t live_host_allocs;          /* host_alloc blocks not freed */
+    uint64_t creates_in_flight;         /* mem_create calls begun and not returned (sim_real_time_create
+                                         * makes them last; tests see the allocator lock is not held) */
 } vmm_sim_counters;
 
 /* Snapshot of the allocator's simulated device counters. */

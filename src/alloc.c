@@ -384,7 +384,7 @@ static __attribute__((noinline)) int malloc_slow(vmm_allocator *a, size_t size, 
 static int malloc_locked(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr, int last)
 {
     a->malloc_count++;
-    int callbacks_run = 0, own_cache_drained = 0;
+    int callbacks_run = 0, own_cache_drained = 0, slept_meanwhile = 0;
 again:;
     /* captures underway (mempool.c): the stream's allocations may go to a private pool */
     vmm_mempool *mp = NULL;
@@ -434,9 +434,15 @@ again:;
         /* segments made now belong to mp; driver calls in relaxed capture mode (capture.c) */
         a->cur_mp = mp;
         int m = vmm_capture_relax(a);
+        int tag_path = a->tag_path;
         rc = malloc_slow(a, size, rounded, pool, stream, lane, &b, last);
         vmm_capture_restore(a, m);
         a->cur_mp = NULL;
+        /* untagged memory put to sleep while a growth created handles with the lock released
+         * (segment.c): the growth gave up; once more, as a malloc after the sleep (which
+         * vmm_lane_get refuses with its own message) */
+        if (rc && a->tag_path != tag_path && !slept_meanwhile++)
+            goto again;
         if (rc)
             return rc;
         rc = vmm_pool_take(a, &b, rounded, size, 0);

@@ -111,6 +111,9 @@ typedef enum vmm_block_state {
     VMM_BLOCK_PENDING = 3,   /* freed, waiting for events of other streams (deferred list) */
     VMM_BLOCK_DETACHING = 4, /* whole idle pages on their way out: still mapped, in no index, on
                               * the callbacks' detach list until before_unmap has run (callbacks.c) */
+    VMM_BLOCK_MAPPING = 5,   /* page aligned VA a growth maps next: unmapped, in no index, on the
+                              * growth list while its handles are created with the lock released
+                              * (segment.c), so no other thread grows into, merges or frees it */
 } vmm_block_state;
 /* A block freed into a thread cache (tcache.c) keeps state ALLOCATED and its live-table slot, so
  * that no code under the allocator lock ever sees a field change that only the thread's own lock
@@ -231,6 +234,17 @@ struct vmm_stream_rec {
     vmm_stream_rec *next;
 };
 
+/* A growth creating its handles with the allocator lock released (segment.c), for vmm_check: the
+ * MAPPING block it parked, and the reserved bytes and handles it holds out of the cache. */
+typedef struct vmm_growth {
+    vmm_block *blk;
+    int pool;
+    size_t held_bytes;         /* cached handles taken: still in reserved_bytes */
+    size_t held_handles;       /* ... and in n_handles */
+    size_t new_bytes;          /* handles being created: counted in growing_bytes until made */
+    struct vmm_growth *next;
+} vmm_growth;
+
 typedef struct vmm_free_handle {
     vmm_phys h;
     size_t size;
@@ -285,6 +299,9 @@ struct vmm_allocator {
     vmm_free_handle *fh;               /* per-device cache of unmapped physical handles */
     size_t n_fh, cap_fh;
     size_t n_handles;                  /* physical handles created and not released */
+    vmm_growth *growing;               /* growths creating handles unlocked (segment.c) */
+    size_t growing_bytes;              /* bytes they create: room taken against cap meanwhile */
+    size_t growing_handles;            /* handles they create: room kept in the handle cache */
     vmm_quarantined *quar;             /* pages still mapped after a failed rollback unmap */
     size_t n_quar, cap_quar;
     vmm_event *ev_pool;                /* idle events */

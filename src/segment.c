@@ -65,9 +65,11 @@ size_t vmm_handles_bytes(const vmm_allocator *a, int pool)
     return n;
 }
 
-/* Room in the cache for every handle in existence, so putting one back never fails. */
+/* Room in the cache for every handle in existence, so putting one back never fails; handles that
+ * growths are creating with the lock released count too (they may all come back at once). */
 static int fh_reserve(vmm_allocator *a, size_t total)
 {
+    total += a->growing_handles;
     if (total <= a->cap_fh)
         return VMM_OK;
     size_t ncap = a->cap_fh ? a->cap_fh : 64;
@@ -269,9 +271,11 @@ static size_t release_unplanned(vmm_allocator *a, size_t ps, size_t m, const han
  * unreserved after it; nearer the limit it maps one handle per page (see seg_map_pages). */
 enum { PRESSURE_DIVISOR = 8 };
 
+/* Reserved bytes, and the bytes growths are creating with the lock released: room checks count
+ * them, so that two threads cannot both pass the cap with the same room. */
 static size_t reserved_now(const vmm_allocator *a)
 {
-    return (size_t)a->stats.reserved_bytes[VMM_POOL_ALL].current;
+    return (size_t)a->stats.reserved_bytes[VMM_POOL_ALL].current + a->growing_bytes;
 }
 
 /* ---- mapping ------------------------------------------------------------------------------ */
@@ -350,12 +354,78 @@ static size_t quar_retry(vmm_allocator *a, int tries, int report)
     return a->n_quar;
 }
 
+/* ---- creating handles with the lock released ----------------------------------------------- */
+
+/* cuMemCreate is the costliest driver call (193 us in the cost model): a growth creates its new
+ * handles with the allocator lock released, so that other threads' mallocs and frees do not wait
+ * for it (as PyTorch drops its lock around cudaMalloc). Everything is decided first, under the
+ * lock: the plan, the cached handles taken, the room (growing_bytes counts against the cap, and
+ * growing_handles keeps room in the handle cache), and the target range parked as a MAPPING block
+ * in no index, so that no other thread grows into, merges with, reclaims or frees it. Mapping and
+ * set_access run under the lock again, after the state was checked once more. */
+typedef struct grow_park {
+    vmm_block *u;              /* unmapped block starting at p0, n_max pages, indexed */
+    vmm_block *rest;           /* spare record for the part of u past the mapping; NULL once used */
+    int parked;                /* on success: u is MAPPING, exactly the pages mapped, in no index */
+} grow_park;
+
+/* Only a plain growth lets the lock go: private pools (cur_mp) and lanes keep per-call state in
+ * the allocator, captures route other threads' mallocs, and mapping callbacks order their notices
+ * under the lock (callbacks.c). */
+static int may_unlock(const vmm_allocator *a, const vmm_segment *seg)
+{
+    return !a->cb_mapping && !vmm_cb_delivering(a) && !a->cur_mp && !a->n_routes && !a->tag_path &&
+           !seg->mp && !seg->srec->tag && !seg->asleep;
+}
+
+/* Take u out of the unmapped index as a MAPPING block of `bytes` (the rest stays indexed). */
+static void park(vmm_allocator *a, grow_park *gp, size_t bytes)
+{
+    vmm_block *u = gp->u;
+    vmm_pool_erase(a, u);
+    if (bytes < u->size) {
+        vmm_block_split_into(u, gp->rest, bytes);
+        vmm_pool_insert(a, gp->rest);
+        gp->rest = NULL;
+    }
+    u->state = VMM_BLOCK_MAPPING;
+    gp->parked = 1;
+}
+
+/* A failed growth's parked range goes back to the unmapped index, for the retry and OOM paths. */
+static void unpark(vmm_allocator *a, grow_park *gp)
+{
+    vmm_block *u = gp->u;
+    u->state = VMM_BLOCK_UNMAPPED;
+    vmm_pool_insert(a, vmm_block_merge(a, u));
+    gp->parked = 0;
+}
+
+static void growth_unlink(vmm_allocator *a, const vmm_growth *g)
+{
+    vmm_growth **pp = &a->growing;
+    while (*pp != g)
+        pp = &(*pp)->next;
+    *pp = g->next;
+}
+
+/* A handle made: counted as the locked path counts it. */
+static void handle_made(vmm_allocator *a, int pool, size_t sz)
+{
+    a->stats.num_device_alloc++;
+    a->n_handles++;
+    vmm_stat_update(a->stats.reserved_bytes, pool, (int64_t)sz);
+    if (reserved_now(a) > a->reserved_hwm)
+        a->reserved_hwm = reserved_now(a);
+}
+
 /* Map pages [p0, p0 + n) of seg with cached or new handles (see plan_handles) and one set_access
  * call; up to n_max pages when a cached handle overshoots or a small growth (`tail`, fewer pages
  * than one handle covers) maps ahead into a larger unmapped block; *mapped tells how many. On failure nothing is mapped as far as the page table knows; handles
- * created on the way stay cached, and handles the driver would not unmap go to the quarantine. */
+ * created on the way stay cached, and handles the driver would not unmap go to the quarantine.
+ * gp (growth; NULL: keep the lock): its block may be parked while handles are created unlocked. */
 static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t n_max,
-                         int tail, size_t *mapped_out, size_t *short_pages)
+                         int tail, size_t *mapped_out, size_t *short_pages, grow_park *gp)
 {
     const vmm_driver_ops *ops = a->drv->ops;
     size_t ps = seg->page_size, m = seg->max_handle_pages;
@@ -415,7 +485,44 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         }
     }
     size_t got = 0, mapped = 0, reused = 0;
-    for (; got < nh; got++) {
+    if (gp && pl.n_new && may_unlock(a, seg)) {
+        vmm_growth g = {gp->u, seg->pool, 0, pl.n_cached, pl.new_pages * ps, a->growing};
+        for (; got < pl.n_cached; got++) {
+            fh_take(a, chunk[got] * ps, seg->pool, &hs[got]); /* counted by plan_handles */
+            reused += chunk[got];
+            g.held_bytes += chunk[got] * ps;
+        }
+        park(a, gp, total * ps);
+        a->growing = &g;
+        a->growing_bytes += g.new_bytes;
+        a->growing_handles += pl.n_new;
+        vmm_unlock(a);
+        int r = VMM_DRV_SUCCESS;
+        for (; got < nh; got++)
+            if ((r = ops->mem_create(a->drv, chunk[got] * ps, &hs[got])) != VMM_DRV_SUCCESS)
+                break;
+        vmm_lock(a);
+        growth_unlink(a, &g);
+        a->growing_bytes -= g.new_bytes;
+        a->growing_handles -= pl.n_new;
+        size_t made = 0;
+        for (size_t k = pl.n_cached; k < got; k++) {
+            handle_made(a, seg->pool, chunk[k] * ps);
+            made += chunk[k];
+        }
+        /* what may have changed meanwhile: the segment put to sleep (sleep.c), mapping callbacks
+         * set (their notice is made now), other growths' quarantine entries */
+        if (r) {
+            rc = r == VMM_DRV_OUT_OF_MEMORY ? VMM_ENOMEM : vmm_fail_drv(r, "mem_create");
+            *short_pages = pl.new_pages - made;
+        } else if (seg->asleep) {
+            rc = vmm_fail(VMM_EINVAL, "vmm_malloc: its memory was put to sleep meanwhile");
+        } else if (quar_reserve(a, a->n_quar + nh) != VMM_OK ||
+                   (VMM_UNLIKELY(a->cb_mapping) && vmm_cb_reserve(a, total) != VMM_OK)) {
+            rc = VMM_EHOSTMEM;
+        }
+    }
+    for (; rc == VMM_OK && got < nh; got++) {
         size_t sz = chunk[got] * ps;
         if (got < pl.n_cached) {
             fh_take(a, sz, seg->pool, &hs[got]); /* counted by plan_handles: cannot fail */
@@ -432,11 +539,7 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
             *short_pages = pl.new_pages - made;
             break;
         }
-        a->stats.num_device_alloc++;
-        a->n_handles++;
-        vmm_stat_update(a->stats.reserved_bytes, seg->pool, (int64_t)sz);
-        if (reserved_now(a) > a->reserved_hwm)
-            a->reserved_hwm = reserved_now(a);
+        handle_made(a, seg->pool, sz);
     }
     for (size_t off = 0; rc == VMM_OK && mapped < nh; off += chunk[mapped++]) {
         int r = ops->mem_map(a->drv, seg->base + (p0 + off) * ps, chunk[mapped] * ps, 0, hs[mapped]);
@@ -459,6 +562,8 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
             else
                 fh_put(a, hs[k], sz, seg->pool);
         }
+        if (gp && gp->parked)
+            unpark(a, gp);
         vmm_meta_free(a->meta, chunk, list_bytes);
         return rc;
     }
@@ -480,7 +585,7 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
 
 int vmm_seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n, size_t *short_pages)
 {
-    return seg_map_pages(a, seg, p0, n, n, 0, NULL, short_pages);
+    return seg_map_pages(a, seg, p0, n, n, 0, NULL, short_pages, NULL);
 }
 
 /* ---- handle extents ----------------------------------------------------------------------- */
@@ -666,8 +771,8 @@ static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
 
 static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target);
 
-int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
-                 size_t *short_pages)
+static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
+                     size_t *short_pages)
 {
     size_t ps = a->page_size[pool], m = handle_pages_max(a, pool);
     size_t best_need;
@@ -695,19 +800,27 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
         return vmm_fail(VMM_EHOSTMEM, "out of host memory for a block record");
     vmm_segment *seg = best->seg;
     size_t mapped = 0;
+    grow_park gp = {best, rest, 0};
     int rc = seg_map_pages(a, seg, (best->addr - seg->base) / ps, best_need / ps, best->size / ps,
-                           1, &mapped, short_pages);
+                           1, &mapped, short_pages, &gp);
     if (rc) {
-        vmm_block_delete(a, rest);
+        if (gp.rest)
+            vmm_block_delete(a, gp.rest);
         return rc;
     }
     best_need = mapped * ps;
-    vmm_pool_erase(a, best);
-    if (best_need < best->size) {
-        vmm_block_split_into(best, rest, best_need);
-        vmm_pool_insert(a, rest);
+    if (gp.parked) {
+        /* parked (created unlocked): out of the index and split already */
+        if (gp.rest)
+            vmm_block_delete(a, gp.rest);
     } else {
-        vmm_block_delete(a, rest);
+        vmm_pool_erase(a, best);
+        if (best_need < best->size) {
+            vmm_block_split_into(best, rest, best_need);
+            vmm_pool_insert(a, rest);
+        } else {
+            vmm_block_delete(a, rest);
+        }
     }
     best->state = VMM_BLOCK_FREE;
     best->free_seq = 0; /* fresh pages: no work ever touched them */
@@ -716,6 +829,18 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
     vmm_pool_insert(a, best);
     *out = best;
     return VMM_OK;
+}
+
+int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
+                 size_t *short_pages)
+{
+    for (;;) {
+        int rc = grow_once(a, sr, pool, size, out, short_pages);
+        /* another thread took the free block before the range while the handles were created
+         * with the lock released: grow on from what is mapped now (each round maps pages) */
+        if (rc || (*out)->size >= size)
+            return rc;
+    }
 }
 
 /* ---- reclaiming idle pages ---------------------------------------------------------------- */

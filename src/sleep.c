@@ -722,7 +722,8 @@ static int page_needed(const vmm_segment *s, size_t pg)
         return 0;
     uintptr_t va = s->base + pg * s->page_size, end = va + s->page_size;
     for (const vmm_block *b = s->first; b && b->addr < end; b = b->next)
-        if (b->addr + b->size > va && b->state != VMM_BLOCK_UNMAPPED && b->state != VMM_BLOCK_DETACHING)
+        if (b->addr + b->size > va && b->state != VMM_BLOCK_UNMAPPED && b->state != VMM_BLOCK_DETACHING &&
+            b->state != VMM_BLOCK_MAPPING) /* a growth in flight maps that one (segment.c) */
             return 1;
     return 0;
 }

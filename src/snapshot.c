@@ -369,12 +369,13 @@ static void emit_segments(pk *p, refs *R, const vmm_allocator *a, vmm_segment **
         }
         const vmm_block *b = s->first;
         while (b) {
-            while (b && b->state == VMM_BLOCK_UNMAPPED)
+            /* a growth in flight's MAPPING block is not mapped yet (segment.c) */
+            while (b && (b->state == VMM_BLOCK_UNMAPPED || b->state == VMM_BLOCK_MAPPING))
                 b = b->next;
             if (!b)
                 break;
             const vmm_block *e = b;
-            while (e && e->state != VMM_BLOCK_UNMAPPED)
+            while (e && e->state != VMM_BLOCK_UNMAPPED && e->state != VMM_BLOCK_MAPPING)
                 e = e->next;
             emit_segment(p, R, a, s, b, e);
             b = e;

@@ -230,6 +230,15 @@ static size_t tree_count(const vmm_block *t)
     return t ? 1 + tree_count(t->left) + tree_count(t->right) : 0;
 }
 
+/* The growth that parked MAPPING block b, NULL when none did. */
+static const vmm_growth *growth_of(const vmm_allocator *a, const vmm_block *b)
+{
+    for (const vmm_growth *g = a->growing; g; g = g->next)
+        if (g->blk == b)
+            return g;
+    return NULL;
+}
+
 static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfree, size_t *nunm,
                          size_t *nlive)
 {
@@ -288,6 +297,11 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
                 b->in_index || !vmm_cb_is_detaching(a, b))
                 return bad("detaching block not whole pages on the detach list only", b->addr);
             break;
+        case VMM_BLOCK_MAPPING: /* segment.c: a growth creates its handles unlocked */
+            if (!s->expandable || (b->addr - s->base) % s->page_size || b->size % s->page_size ||
+                b->in_index || !growth_of(a, b))
+                return bad("mapping block not whole pages of a growth in flight only", b->addr);
+            break;
         default:
             return bad("block in an unknown state", b->addr);
         }
@@ -309,7 +323,7 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
             b = b->next;
         int want = 0;
         for (const vmm_block *c = b; c && c->addr < va + ps; c = c->next)
-            want |= c->state != VMM_BLOCK_UNMAPPED;
+            want |= c->state != VMM_BLOCK_UNMAPPED && c->state != VMM_BLOCK_MAPPING;
         int under = want;
         if (s->asleep == 2) {
             /* asleep: a page stays mapped only under a detaching block or where the driver refused
@@ -444,6 +458,10 @@ static int check_locked(vmm_allocator *a)
         for (size_t i = 0; i < a->n_quar; i++)
             if (a->quar[i].pool == p)
                 sm.v[p][S_RES] += (int64_t)a->quar[i].size;
+        /* cached handles a growth in flight took: reserved, in no segment nor cache */
+        for (const vmm_growth *g = a->growing; g; g = g->next)
+            if (g->pool == p)
+                sm.v[p][S_RES] += (int64_t)g->held_bytes;
     }
     vmm_stats derived;
     vmm_stats_derive(a, &derived);
@@ -464,7 +482,13 @@ static int check_locked(vmm_allocator *a)
         if (arr[k][0].current != arr[k][1].current + arr[k][2].current)
             return vmm_fail(VMM_ECORRUPT, "vmm_check: stat %s.all is not the sum of the pools", names[k]);
     }
-    size_t nh = a->n_fh + a->n_quar;
+    size_t nh = a->n_fh + a->n_quar, growing = 0;
+    for (const vmm_growth *g = a->growing; g; g = g->next) {
+        nh += g->held_handles;
+        growing += g->new_bytes;
+    }
+    if (growing != a->growing_bytes)
+        return bad("bytes of growths in flight are wrong", 0);
     for (vmm_segment *s = a->segs; s; s = s->next)
         nh += vmm_seg_handles(s);
     if (nh != a->n_handles)
