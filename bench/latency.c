@@ -21,6 +21,8 @@
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,6 +54,7 @@ enum {
                        * section (15 ms at 30 ns a pair) must outlast thread start-up skew and the
                        * VM's scheduling hiccups, or the aggregate throughput measures those */
     QUICK_BATCHES = 20,
+    WARM_DIV = 8,     /* warm-up: an eighth as many batches as are timed, with every thread running */
     MAX_THREAD_COUNTS = 4, /* at most 1, 2, 4, 8 (BENCH_LATENCY_MAX_THREADS) */
 };
 /* Host allocators hold their live set in real (virtual) memory; above this they are not run. */
@@ -83,6 +86,8 @@ typedef struct cell {
     int batches;
     double *samples;     /* ns per pair, one per batch */
     pthread_barrier_t *barrier;
+    _Atomic int *ready;  /* threads at the start line (spin_start) */
+    int threads;
     uint64_t t_start, t_end;   /* this thread's timed section, wall clock: the run's section spans
                                 * the earliest start to the latest end (a thread that gets a core
                                 * late, with more threads than cores, does not shorten it) */
@@ -212,6 +217,18 @@ static void timed(cell *c, int b0, int b1)
     }
 }
 
+/* Start lines: every thread spins (yielding, for more threads than cores) until all `round`-th
+ * arrivals are in. A blocking barrier wakes its sleepers through the scheduler, and on the dev VM an
+ * idle vCPU took milliseconds to wake and more to come up to speed: one thread began its 16 ms
+ * section late, or both ran their first milliseconds at 42 ns a pair instead of 32, and the
+ * aggregate throughput measured that (per-thread medians at 2 threads as at 1, aggregate 1.2-1.3x). */
+static void spin_start(cell *c, int round)
+{
+    atomic_fetch_add(c->ready, 1);
+    while (atomic_load(c->ready) < round * c->threads)
+        sched_yield();
+}
+
 static void *thread_main(void *arg)
 {
     cell *c = arg;
@@ -232,9 +249,11 @@ static void *thread_main(void *arg)
         }
         c->held[c->n_held] = p;
     }
+    /* warm-up batches, all threads at once (so every core is busy), then the timed section */
+    spin_start(c, 1);
     if (!c->failed)
-        timed(c, -1, 0); /* one warm-up batch */
-    pthread_barrier_wait(c->barrier);
+        timed(c, -(c->batches / WARM_DIV + 1), 0);
+    spin_start(c, 2);
     c->t_start = bench_now_ns();
     if (!c->failed)
         timed(c, 0, c->batches);
@@ -304,6 +323,7 @@ static result run_cell(enum kind k, enum pattern pat, const size_t *sizes, uint6
     if (!res.why) {
         pthread_barrier_t barrier;
         pthread_barrier_init(&barrier, NULL, (unsigned)threads);
+        _Atomic int ready = 0;
         cell *cells = bench_xmalloc((size_t)threads * sizeof *cells);
         pthread_t *tid = bench_xmalloc((size_t)threads * sizeof *tid);
         double *samples = bench_xmalloc((size_t)threads * (size_t)batches * sizeof *samples);
@@ -315,7 +335,7 @@ static result run_cell(enum kind k, enum pattern pat, const size_t *sizes, uint6
              * allocator), so the threads are not in lockstep on one size. */
             cells[i] = (cell){.kind = k, .pat = pat, .a = a, .stream = a ? streams[i] : NULL,
                               .sizes = sizes, .live = per, .batches = batches,
-                              .samples = samples + (size_t)i * (size_t)batches, .barrier = &barrier,
+                              .samples = samples + (size_t)i * (size_t)batches, .barrier = &barrier, .ready = &ready, .threads = threads,
                               .k = pat == P_RING ? (size_t)i * 1237u : 0};
             if (i)
                 pthread_create(&tid[i], NULL, thread_main, &cells[i]);
