@@ -156,4 +156,9 @@ int bench_sleep(int argc, char **argv);
 /* vmm-bench ipc [--conf K:V,...] [--quick] [--json]: exportable pages and sharing, what they cost. */
 int bench_ipc(int argc, char **argv);
 
+/* ---- growth.c -------------------------------------------------------------------------------- */
+/* vmm-bench growth [--quick] [--json]: another thread's malloc + free while one thread grows, with
+ * the lock released around mem_create (grow_unlocked:true) and held (false). */
+int bench_growth(int argc, char **argv);
+
 #endif

@@ -10,6 +10,7 @@
  *   vmm-bench frames [--quick] [--json]
  *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
  *   vmm-bench ipc [--conf K:V,...] [--quick] [--json]
+ *   vmm-bench growth [--quick] [--json]
  *   vmm-bench gen N OUT.csv [--seed S]
  */
 #include <errno.h>
@@ -59,6 +60,8 @@ static void usage(FILE *f)
             "                                    sleep / wake by mode, beside published figures\n"
             "  vmm-bench ipc [--conf K:V,...] [--quick] [--json]\n"
             "                                    cost of exportable pages and of sharing a block\n"
+            "  vmm-bench growth [--quick] [--json]\n"
+            "                                    another thread's malloc + free while one thread grows\n"
             "  vmm-bench gen N OUT.csv [--seed S] write a synthetic trace of N events\n");
 }
 
@@ -615,5 +618,7 @@ int main(int argc, char **argv)
         return bench_sleep(argc - 2, argv + 2);
     if (!strcmp(cmd, "ipc"))
         return bench_ipc(argc - 2, argv + 2);
+    if (!strcmp(cmd, "growth"))
+        return bench_growth(argc - 2, argv + 2);
     return bad_usage("unknown command", cmd);
 }

@@ -410,6 +410,15 @@ static int f_thread_cache(const vmm_config *c, char *b, size_t n)
     return format_size(b, n, c->thread_cache);
 }
 
+static int p_grow_unlocked(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->grow_unlocked);
+}
+static int f_grow_unlocked(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->grow_unlocked ? "true" : "false");
+}
+
 static int p_small_page(vmm_config *c, const char *key, token v)
 {
     return parse_pow2_size(key, v, &c->small_page_size);
@@ -616,6 +625,8 @@ static const option_desc options[] = {
      "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 20M)"},
     {"thread_cache", p_thread_cache, f_thread_cache,
      "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; 0 turns it off (default 4M)"},
+    {"grow_unlocked", p_grow_unlocked, f_grow_unlocked,
+     "true: a growth creates its physical handles with the allocator lock released, so other threads' mallocs and frees do not wait for cuMemCreate; false keeps the lock across it (default true)"},
     {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
     {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
     {"sim_backed", p_sim_backed, f_sim_backed,
@@ -655,6 +666,7 @@ void vmm_config_defaults(vmm_config *c)
     c->max_handle_size = 20 * VMM_MiB;
     /* 4 MiB: a few hundred of the small blocks a step frees, a rounding error of a GPU's memory */
     c->thread_cache = 4 * VMM_MiB;
+    c->grow_unlocked = 1;
     vmm_sim_default_options(&c->sim);
 }
 

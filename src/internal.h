@@ -64,6 +64,7 @@ typedef struct vmm_config {
     size_t large_page_size;              /* bytes mapped per page in the large pool */
     size_t max_handle_size;              /* largest physical handle of the large pool (segment.c) */
     size_t thread_cache;                 /* bytes each thread may keep freed for itself; 0 off */
+    int grow_unlocked;                   /* 1: growth creates handles unlocked (segment.c) */
     /* sim */
     vmm_sim_options sim;
 } vmm_config;

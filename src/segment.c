@@ -369,13 +369,13 @@ typedef struct grow_park {
     int parked;                /* on success: u is MAPPING, exactly the pages mapped, in no index */
 } grow_park;
 
-/* Only a plain growth lets the lock go: private pools (cur_mp) and lanes keep per-call state in
- * the allocator, captures route other threads' mallocs, and mapping callbacks order their notices
- * under the lock (callbacks.c). */
+/* Only a plain growth lets the lock go, and only with grow_unlocked (the default): private pools
+ * (cur_mp) and lanes keep per-call state in the allocator, captures route other threads' mallocs,
+ * and mapping callbacks order their notices under the lock (callbacks.c). */
 static int may_unlock(const vmm_allocator *a, const vmm_segment *seg)
 {
-    return !a->cb_mapping && !vmm_cb_delivering(a) && !a->cur_mp && !a->n_routes && !a->tag_path &&
-           !seg->mp && !seg->srec->tag && !seg->asleep;
+    return a->cfg.grow_unlocked && !a->cb_mapping && !vmm_cb_delivering(a) && !a->cur_mp &&
+           !a->n_routes && !a->tag_path && !seg->mp && !seg->srec->tag && !seg->asleep;
 }
 
 /* Take u out of the unmapped index as a MAPPING block of `bytes` (the rest stays indexed). */

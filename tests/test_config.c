@@ -33,6 +33,14 @@ int main(void)
     CHECK_EQ(c.large_page_size, 2 * VMM_MiB);
     CHECK_EQ(c.sim.capacity, 80 * VMM_GiB);
     CHECK_EQ(c.sim.granularity, 2 * VMM_MiB);
+    CHECK_EQ(c.grow_unlocked, 1);
+    {
+        vmm_config g;
+        vmm_config_defaults(&g);
+        CHECK_OK(vmm_config_parse(&g, "grow_unlocked:false"));
+        CHECK_EQ(g.grow_unlocked, 0);
+        expect_config_error("grow_unlocked:sometimes", "grow_unlocked");
+    }
 
     CHECK_OK(vmm_config_parse(&c, "driver:sim, device:3,expandable_segments:False,max_split_size_mb:64,"
                                   "max_non_split_rounding_mb:8,garbage_collection_threshold:0.6,"

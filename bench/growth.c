@@ -1,0 +1,139 @@
+/*
+ * vmm-bench growth: what another thread's malloc + free pays while one thread grows the allocator.
+ *
+ * The sim's mem_create takes its modeled cost in real time (sim_real_time_create: 193 us, the A100
+ * figure in src/drv_sim.c). Thread G allocates new 64 MiB blocks on its own stream and keeps them:
+ * every malloc is a growth that creates handles. Thread C, on another stream, runs malloc + free
+ * pairs of an 8 MiB block (the large pool: no thread cache, so each call takes the allocator lock)
+ * for as long as G runs, and times each pair. Run with grow_unlocked:true (the default: a growth
+ * creates its handles with the lock released) and grow_unlocked:false (the lock held across the
+ * creates, as every growth did before): C's median, p99 and longest pair, and G's time per growth.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+enum {
+    GROW_MIB = 64,     /* each of G's blocks: 4 handles of up to 20 MiB, 4 creates */
+    PAIR_MIB = 8,
+    MAX_SAMPLES = 1 << 22,
+};
+
+typedef struct run_ctx {
+    vmm_allocator *a;
+    vmm_stream gs, cs;
+    int grows;
+    _Atomic int growing;       /* G has started and not finished */
+    double grow_ms;            /* G: wall time per growth */
+    double *samples;           /* C: ns per pair */
+    size_t n;
+    int errors;
+} run_ctx;
+
+static void *grower(void *arg)
+{
+    run_ctx *r = arg;
+    void **held = bench_xmalloc((size_t)r->grows * sizeof *held);
+    atomic_store(&r->growing, 1);
+    uint64_t t0 = bench_now_ns();
+    for (int i = 0; i < r->grows; i++)
+        if (vmm_malloc(r->a, (size_t)GROW_MIB << 20, r->gs, &held[i]) != VMM_OK)
+            held[i] = NULL, r->errors++;
+    r->grow_ms = (double)(bench_now_ns() - t0) / 1e6 / r->grows;
+    atomic_store(&r->growing, 0);
+    for (int i = 0; i < r->grows; i++)
+        if (held[i])
+            vmm_free(r->a, held[i]);
+    free(held);
+    return NULL;
+}
+
+/* C's pairs, from G's start to its end. */
+static void pairs(run_ctx *r)
+{
+    while (!atomic_load(&r->growing))
+        ;
+    while (atomic_load(&r->growing) && r->n < MAX_SAMPLES) {
+        void *p = NULL;
+        uint64_t t0 = bench_now_ns();
+        if (vmm_malloc(r->a, (size_t)PAIR_MIB << 20, r->cs, &p) != VMM_OK || vmm_free(r->a, p) != VMM_OK)
+            r->errors++;
+        r->samples[r->n++] = (double)(bench_now_ns() - t0);
+    }
+}
+
+static int one(int unlocked, int grows, int json)
+{
+    char conf[256];
+    snprintf(conf, sizeof conf, "driver:sim,sim_backed:false,sim_capacity:%dG,thread_cache:0,"
+             "sim_real_time_create:true,grow_unlocked:%s", grows * GROW_MIB / 1024 + 4,
+             unlocked ? "true" : "false");
+    run_ctx r = {0};
+    r.grows = grows;
+    if (vmm_create(conf, &r.a) != VMM_OK) {
+        fprintf(stderr, "vmm-bench growth: vmm_create(%s): %s\n", conf, vmm_last_error());
+        return BENCH_EXIT_FAIL;
+    }
+    if (vmm_sim_stream_create(r.a, &r.gs) != VMM_OK || vmm_sim_stream_create(r.a, &r.cs) != VMM_OK) {
+        fprintf(stderr, "vmm-bench growth: vmm_sim_stream_create: %s\n", vmm_last_error());
+        vmm_destroy(r.a);
+        return BENCH_EXIT_FAIL;
+    }
+    /* C's block exists before G starts: its pairs are cached from then on */
+    void *p = NULL;
+    if (vmm_malloc(r.a, (size_t)PAIR_MIB << 20, r.cs, &p) == VMM_OK)
+        vmm_free(r.a, p);
+    r.samples = bench_xmalloc(MAX_SAMPLES * sizeof *r.samples);
+    pthread_t t;
+    pthread_create(&t, NULL, grower, &r);
+    pairs(&r);
+    pthread_join(t, NULL);
+    int rc = r.errors || !r.n ? BENCH_EXIT_FAIL : BENCH_EXIT_OK;
+    if (rc) {
+        fprintf(stderr, "vmm-bench growth: %d failed calls, %zu pairs\n", r.errors, r.n);
+    } else {
+        double med = bench_quantile(r.samples, r.n, 0.5) / 1e3, p99 = bench_quantile(r.samples, r.n, 0.99) / 1e3,
+               max = bench_quantile(r.samples, r.n, 1.0) / 1e3;
+        if (json)
+            printf("{\"bench\":\"growth\",\"grow_unlocked\":%s,\"pairs\":%zu,\"median_us\":%.2f,\"p99_us\":%.2f,"
+                   "\"max_us\":%.2f,\"ms_per_growth\":%.3f}\n",
+                   unlocked ? "true" : "false", r.n, med, p99, max, r.grow_ms);
+        else
+            printf("%13s %10zu %10.2f %10.2f %10.1f %14.3f\n", unlocked ? "true" : "false", r.n, med, p99, max,
+                   r.grow_ms);
+    }
+    free(r.samples);
+    vmm_sim_stream_destroy(r.a, r.gs);
+    vmm_sim_stream_destroy(r.a, r.cs);
+    vmm_destroy(r.a);
+    return rc;
+}
+
+int bench_growth(int argc, char **argv)
+{
+    int grows = 32, json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (!strcmp(argv[i], "--quick")) {
+            grows = 8;
+        } else {
+            fprintf(stderr, "vmm-bench growth: unknown option %s\nusage: vmm-bench growth [--quick] [--json]\n",
+                    argv[i]);
+            return BENCH_EXIT_INPUT;
+        }
+    }
+    if (!json)
+        printf("Another thread's malloc + free of a cached %d MiB block while one thread grows by %d MiB at a\n"
+               "time (%d growths; mem_create takes its modeled cost in real time, sim_real_time_create).\n\n"
+               "grow_unlocked      pairs  median us     p99 us     max us  ms per growth\n",
+               PAIR_MIB, GROW_MIB, grows);
+    int rc = one(1, grows, json);
+    if (!rc)
+        rc = one(0, grows, json);
+    return rc;
+}
