@@ -496,6 +496,7 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         a->growing = &g;
         a->growing_bytes += g.new_bytes;
         a->growing_handles += pl.n_new;
+        a->growths_unlocked++;
         vmm_unlock(a);
         int r = VMM_DRV_SUCCESS;
         for (; got < nh; got++)

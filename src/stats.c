@@ -157,6 +157,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     uint64_t tc_counts[4];
     vmm_tc_info(a, &tc_n, &tc_bytes, tc_counts);
     int tc_on = vmm_tc_on(a);
+    long long unlocked = (long long)a->growths_unlocked;
     vmm_unlock(a);
     jbuf j = {buf, len, 0, 0};
     static const char *pools[VMM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
@@ -184,6 +185,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     jput(&j, "thread_caches.malloc_misses", (long long)tc_counts[1]);
     jput(&j, "thread_caches.frees_kept", (long long)tc_counts[2]);
     jput(&j, "thread_caches.frees_passed", (long long)tc_counts[3]);
+    jput(&j, "growths_unlocked", unlocked);
     if (sim) {
         jput(&j, "sim.device_syncs", (long long)c.device_syncs);
         jput(&j, "sim.stream_syncs", (long long)c.stream_syncs);

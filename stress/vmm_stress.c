@@ -253,6 +253,7 @@ typedef struct run {
     counters c;
     int64_t peak_allocated, peak_reserved, event_waits, pages_remapped, device_syncs, stream_syncs;
     long long tc_hits, tc_kept; /* thread caches: mallocs served, frees kept (stats JSON) */
+    long long grows_unlocked;   /* growths that created handles with the lock released */
     uint64_t violations_at_start;
     int empty_rounds;      /* empty_cache calls the recovery at the end needed */
     /* --sleep-every, --map-callbacks (see sleep_cycle, mapwatch) */
@@ -1612,6 +1613,8 @@ static void teardown_checks(run_t *R)
             const char *k = strstr(json, "\"thread_caches.frees_kept\":");
             R->tc_hits = h ? atoll(strchr(h, ':') + 1) : 0;
             R->tc_kept = k ? atoll(strchr(k, ':') + 1) : 0;
+            const char *g = strstr(json, "\"growths_unlocked\":");
+            R->grows_unlocked = g ? atoll(strchr(g, ':') + 1) : 0;
         }
     }
     if (R->is_sim) {
@@ -1719,11 +1722,12 @@ static void print_summary(const run_t *R, double secs, int json, FILE *f)
                 (unsigned long long)R->mw->maps, (unsigned long long)R->mw->unmaps);
     fprintf(f, "%-10s peak live %.1f MiB, peak allocated %.1f MiB, peak reserved %.1f MiB of %.1f MiB; "
                "OOMs %llu (fragmentation %llu, with free bytes %llu, fault-caused %llu), injected errors %llu, "
-               "event waits %lld, pages remapped %lld, thread caches: %lld mallocs served, %lld frees kept\n",
+               "event waits %lld, pages remapped %lld, thread caches: %lld mallocs served, %lld frees kept, "
+               "growths unlocked %lld\n",
             R->label, (double)R->peak_shadow_usable / MiB, (double)R->peak_allocated / MiB,
             (double)R->peak_reserved / MiB, (double)R->capacity / MiB, L(ooms), L(frag_ooms), L(naive_free_ooms),
             L(fault_ooms), L(injected_errors), (long long)R->event_waits, (long long)R->pages_remapped,
-            R->tc_hits, R->tc_kept);
+            R->tc_hits, R->tc_kept, R->grows_unlocked);
 #undef L
 }
 

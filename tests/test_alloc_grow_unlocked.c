@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "testutil.h"
 #include "vmmalloc.h"
@@ -191,6 +193,15 @@ static void lockstep(int unlocked)
     CHECK_OK(vmm_sim_get_counters(A, &k));
     CHECK(k.calls[VMM_SIM_CALL_MEM_CREATE] >= LOCKSTEP_GROWS);
     CHECK_EQ(k.creates_in_flight, 0);
+    /* the stats JSON counts the growths that let the lock go */
+    static char js[1 << 16];
+    CHECK(vmm_stats_json(A, js, sizeof js) > 0);
+    const char *u = strstr(js, "\"growths_unlocked\":");
+    CHECK(u != NULL);
+    if (u && unlocked)
+        CHECK(atoll(strchr(u, ':') + 1) >= LOCKSTEP_GROWS);
+    else if (u)
+        CHECK_EQ(atoll(strchr(u, ':') + 1), 0);
     CHECK_OK(vmm_check(A));
     vmm_destroy(A);
     A = NULL;
