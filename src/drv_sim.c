@@ -488,6 +488,24 @@ static int call_end_locked(sim_device *d, int kind, int r)
     return r;
 }
 
+/* The frame of a call that a capture may refuse and fault injection may fail: capture_gate first
+ * (it takes the capture list's lock, not mu), then mu and the accounting; the refusal, or an
+ * injected failure, stands in for the call's own result. gated_end records it and unlocks. */
+static int gated_begin(sim_device *d, int kind)
+{
+    int gate = capture_gate(d);
+    pthread_mutex_lock(&d->mu);
+    int r = call_begin_locked(d, kind);
+    return r ? r : gate;
+}
+
+static int gated_end(sim_device *d, int kind, int r)
+{
+    call_end_locked(d, kind, r);
+    pthread_mutex_unlock(&d->mu);
+    return r;
+}
+
 static int call_begin(sim_device *d, int kind)
 {
     pthread_mutex_lock(&d->mu);
@@ -687,16 +705,10 @@ static int va_reserve_locked(sim_device *d, size_t size, size_t alignment, uintp
 static int sim_va_reserve(vmm_driver *drv, size_t size, size_t alignment, uintptr_t *va)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_VA_RESERVE);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_VA_RESERVE);
     if (!r)
         r = va_reserve_locked(d, size, alignment, va);
-    call_end_locked(d, VMM_SIM_CALL_VA_RESERVE, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_VA_RESERVE, r);
 }
 
 /* cuMemAddressFree: the range must be exactly one reservation (same va and size as reserved) and,
@@ -722,16 +734,10 @@ static int va_free_locked(sim_device *d, uintptr_t va, size_t size)
 static int sim_va_free(vmm_driver *drv, uintptr_t va, size_t size)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_VA_FREE);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_VA_FREE);
     if (!r)
         r = va_free_locked(d, va, size);
-    call_end_locked(d, VMM_SIM_CALL_VA_FREE, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_VA_FREE, r);
 }
 
 static int mem_create_locked(sim_device *d, size_t size, vmm_phys *out)
@@ -827,16 +833,10 @@ static int mem_release_locked(sim_device *d, vmm_phys h)
 static int sim_mem_release(vmm_driver *drv, vmm_phys h)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_MEM_RELEASE);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_MEM_RELEASE);
     if (!r)
         r = mem_release_locked(d, h);
-    call_end_locked(d, VMM_SIM_CALL_MEM_RELEASE, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_MEM_RELEASE, r);
 }
 
 /* cuMemMap: the range must lie in a reservation made by cuMemAddressReserve; va, size and offset
@@ -879,16 +879,10 @@ static int mem_map_locked(sim_device *d, uintptr_t va, size_t size, size_t offse
 static int sim_mem_map(vmm_driver *drv, uintptr_t va, size_t size, size_t offset, vmm_phys h)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_MEM_MAP);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_MEM_MAP);
     if (!r)
         r = mem_map_locked(d, va, size, offset, h);
-    call_end_locked(d, VMM_SIM_CALL_MEM_MAP, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_MEM_MAP, r);
 }
 
 static void mapping_drop(sim_device *d, sim_mapping *m)
@@ -929,16 +923,10 @@ static int mem_unmap_locked(sim_device *d, uintptr_t va, size_t size)
 static int sim_mem_unmap(vmm_driver *drv, uintptr_t va, size_t size)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_MEM_UNMAP);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_MEM_UNMAP);
     if (!r)
         r = mem_unmap_locked(d, va, size);
-    call_end_locked(d, VMM_SIM_CALL_MEM_UNMAP, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_MEM_UNMAP, r);
 }
 
 /* cuMemSetAccess: every page of the range must be mapped; it may span adjacent mappings. In backed
@@ -973,16 +961,10 @@ static int set_access_locked(sim_device *d, uintptr_t va, size_t size)
 static int sim_set_access(vmm_driver *drv, uintptr_t va, size_t size)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_SET_ACCESS);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_SET_ACCESS);
     if (!r)
         r = set_access_locked(d, va, size);
-    call_end_locked(d, VMM_SIM_CALL_SET_ACCESS, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_SET_ACCESS, r);
 }
 
 /* cuMemAlloc: no alignment rule, size 0 is invalid. Backed: real read-write memory. Unbacked: a
@@ -1021,16 +1003,10 @@ static int mem_alloc_locked(sim_device *d, size_t size, uintptr_t *out)
 static int sim_mem_alloc(vmm_driver *drv, size_t size, uintptr_t *out)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_MEM_ALLOC);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_MEM_ALLOC);
     if (!r)
         r = mem_alloc_locked(d, size, out);
-    call_end_locked(d, VMM_SIM_CALL_MEM_ALLOC, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_MEM_ALLOC, r);
 }
 
 static void device_sync_wait(sim_device *d);
@@ -1101,16 +1077,10 @@ static int host_alloc_locked(sim_device *d, size_t size, void **out)
 static int sim_host_alloc(vmm_driver *drv, size_t size, void **out)
 {
     sim_device *d = dev_of(drv);
-    int gate = capture_gate(d);
-    pthread_mutex_lock(&d->mu);
-    int r = call_begin_locked(d, VMM_SIM_CALL_HOST_ALLOC);
-    if (!r)
-        r = gate;
+    int r = gated_begin(d, VMM_SIM_CALL_HOST_ALLOC);
     if (!r)
         r = host_alloc_locked(d, size, out);
-    call_end_locked(d, VMM_SIM_CALL_HOST_ALLOC, r);
-    pthread_mutex_unlock(&d->mu);
-    return r;
+    return gated_end(d, VMM_SIM_CALL_HOST_ALLOC, r);
 }
 
 /* cuMemFreeHost synchronizes the device like cuMemFree (that is why pinned memory is cached). */
