@@ -316,6 +316,7 @@ static int quar_overlaps(const vmm_allocator *a, uintptr_t va, size_t size)
 /* Room for `total` entries, made before a growth maps anything so that a rollback cannot fail. */
 static int quar_reserve(vmm_allocator *a, size_t total)
 {
+    total += a->growing_maps; /* room held for unlocked growths' rollbacks (seg_map_pages) */
     if (total <= a->cap_quar)
         return VMM_OK;
     size_t ncap = a->cap_quar ? a->cap_quar : 8;
@@ -331,6 +332,18 @@ static int quar_reserve(vmm_allocator *a, size_t total)
     a->quar = n;
     a->cap_quar = ncap;
     return VMM_OK;
+}
+
+/* Hold quarantine room for n more entries across a growth's unlocked maps: a rollback after them
+ * may quarantine that many pages, and other threads' reservations leave the room alone. 0 when
+ * host memory for it is short (the growth keeps the lock then). */
+static int quar_hold(vmm_allocator *a, size_t n)
+{
+    a->growing_maps += n;
+    if (quar_reserve(a, a->n_quar) == VMM_OK)
+        return 1;
+    a->growing_maps -= n;
+    return 0;
 }
 
 /* Retry the unmaps; pages that come free return their handle to the cache. `report`: name the
@@ -354,15 +367,16 @@ static size_t quar_retry(vmm_allocator *a, int tries, int report)
     return a->n_quar;
 }
 
-/* ---- creating handles with the lock released ----------------------------------------------- */
+/* ---- growing with the lock released ------------------------------------------------------- */
 
-/* cuMemCreate is the costliest driver call (193 us in the cost model): a growth creates its new
- * handles with the allocator lock released, so that other threads' mallocs and frees do not wait
- * for it (as PyTorch drops its lock around cudaMalloc). Everything is decided first, under the
- * lock: the plan, the cached handles taken, the room (growing_bytes counts against the cap, and
- * growing_handles keeps room in the handle cache), and the target range parked as a MAPPING block
- * in no index, so that no other thread grows into, merges with, reclaims or frees it. Mapping and
- * set_access run under the lock again, after the state was checked once more. */
+/* cuMemCreate is the costliest driver call (193 us in the cost model), set_access next (36 us): a
+ * growth creates, maps and grants access to its new handles with the allocator lock released, so
+ * that other threads' mallocs and frees do not wait for it (as PyTorch drops its lock around
+ * cudaMalloc). Everything is decided first, under the lock: the plan, the cached handles taken, the
+ * room (growing_bytes counts against the cap, growing_handles keeps room in the handle cache,
+ * growing_maps in the quarantine), and the target range parked as a MAPPING block in no index, so
+ * that no other thread grows into, merges with, reclaims or frees it. The page table learns of the
+ * pages under the lock again, after the state was checked once more. */
 typedef struct grow_park {
     vmm_block *u;              /* unmapped block starting at p0, n_max pages, indexed */
     vmm_block *rest;           /* spare record for the part of u past the mapping; NULL once used */
@@ -485,7 +499,8 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         }
     }
     size_t got = 0, mapped = 0, reused = 0;
-    if (gp && pl.n_new && may_unlock(a, seg)) {
+    int accessed = 0; /* set_access made (unlocked growth) */
+    if (gp && pl.n_new && may_unlock(a, seg) && quar_hold(a, nh)) {
         vmm_growth g = {gp->u, seg->pool, 0, pl.n_cached, pl.new_pages * ps, a->growing};
         for (; got < pl.n_cached; got++) {
             fh_take(a, chunk[got] * ps, seg->pool, &hs[got]); /* counted by plan_handles */
@@ -498,10 +513,23 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         a->growing_handles += pl.n_new;
         a->growths_unlocked++;
         vmm_unlock(a);
+        /* the range is parked: its maps and access grant concern no other thread either */
         int r = VMM_DRV_SUCCESS;
+        const char *call = "mem_create";
         for (; got < nh; got++)
             if ((r = ops->mem_create(a->drv, chunk[got] * ps, &hs[got])) != VMM_DRV_SUCCESS)
                 break;
+        for (size_t off = 0; r == VMM_DRV_SUCCESS && mapped < nh; off += chunk[mapped++]) {
+            call = "mem_map";
+            r = ops->mem_map(a->drv, seg->base + (p0 + off) * ps, chunk[mapped] * ps, 0, hs[mapped]);
+            if (r)
+                break;
+        }
+        if (r == VMM_DRV_SUCCESS) {
+            call = "set_access";
+            r = ops->set_access(a->drv, seg->base + p0 * ps, total * ps);
+        }
+        accessed = r == VMM_DRV_SUCCESS;
         vmm_lock(a);
         growth_unlink(a, &g);
         a->growing_bytes -= g.new_bytes;
@@ -511,15 +539,16 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
             handle_made(a, seg->pool, chunk[k] * ps);
             made += chunk[k];
         }
+        a->growing_maps -= nh; /* the quarantine room held for our rollback stays */
         /* what may have changed meanwhile: the segment put to sleep (sleep.c), mapping callbacks
-         * set (their notice is made now), other growths' quarantine entries */
+         * set (their notice is made now) */
         if (r) {
-            rc = r == VMM_DRV_OUT_OF_MEMORY ? VMM_ENOMEM : vmm_fail_drv(r, "mem_create");
-            *short_pages = pl.new_pages - made;
+            rc = r == VMM_DRV_OUT_OF_MEMORY && got < nh ? VMM_ENOMEM : vmm_fail_drv(r, call);
+            if (got < nh)
+                *short_pages = pl.new_pages - made;
         } else if (seg->asleep) {
             rc = vmm_fail(VMM_EINVAL, "vmm_malloc: its memory was put to sleep meanwhile");
-        } else if (quar_reserve(a, a->n_quar + nh) != VMM_OK ||
-                   (VMM_UNLIKELY(a->cb_mapping) && vmm_cb_reserve(a, total) != VMM_OK)) {
+        } else if (VMM_UNLIKELY(a->cb_mapping) && vmm_cb_reserve(a, total) != VMM_OK) {
             rc = VMM_EHOSTMEM;
         }
     }
@@ -549,7 +578,7 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         if (r)
             break;
     }
-    if (rc == VMM_OK) {
+    if (rc == VMM_OK && !accessed) {
         int r = ops->set_access(a->drv, seg->base + p0 * ps, total * ps);
         if (r)
             rc = vmm_fail_drv(r, "set_access");

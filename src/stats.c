@@ -323,9 +323,11 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
         uintptr_t va = s->base + pg * ps;
         while (b->addr + b->size <= va)
             b = b->next;
-        int want = 0;
-        for (const vmm_block *c = b; c && c->addr < va + ps; c = c->next)
+        int want = 0, inflight = 0;
+        for (const vmm_block *c = b; c && c->addr < va + ps; c = c->next) {
             want |= c->state != VMM_BLOCK_UNMAPPED && c->state != VMM_BLOCK_MAPPING;
+            inflight |= c->state == VMM_BLOCK_MAPPING;
+        }
         int under = want;
         if (s->asleep == 2) {
             /* asleep: a page stays mapped only under a detaching block or where the driver refused
@@ -347,6 +349,10 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
          * would cost ~10^5 driver calls per check on a real GPU. */
         int edge = (pg > 0 && s->pages[pg - 1]) || (pg + 1 < s->n_pages && s->pages[pg + 1]);
         if (!want && !q && !edge && !(s->asleep && under))
+            continue;
+        /* a growth in flight maps these pages with the lock released (segment.c): the driver may
+         * have them mapped before the page table says so */
+        if (inflight)
             continue;
         vmm_phys h = 0;
         int r = a->drv->ops->lookup_mapping(a->drv, va, &h);
