@@ -212,7 +212,7 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative);
  * Write the stats as one flat JSON object into buf (NUL-terminated), with PyTorch's key names
  * ("allocated_bytes.all.current", "num_ooms", ...) plus vmmalloc's own ("num_event_waits",
  * "mapped_bytes.all.current", "metadata_bytes", "thread_caches.*", "growths_unlocked" (growths that
- * created their handles with the allocator lock released), ...) and, on a simulated device,
+ * made their driver calls with the allocator lock released), ...) and, on a simulated device,
  * "sim.device_syncs", "sim.stream_syncs", "sim.driver_time_ns" and "sim.calls.<kind>".
  * Returns the length written (> 0) on success, VMM_ERANGE when len is too small (the output is
  * truncated but terminated), VMM_EINVAL for bad arguments.

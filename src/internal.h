@@ -304,7 +304,7 @@ struct vmm_allocator {
     size_t growing_bytes;              /* bytes they create: room taken against cap meanwhile */
     size_t growing_handles;            /* handles they create: room kept in the handle cache */
     size_t growing_maps;               /* handles they map: quarantine room held for a rollback */
-    uint64_t growths_unlocked;         /* growths that created handles unlocked (stats JSON) */
+    uint64_t growths_unlocked;         /* growths whose driver calls ran unlocked (stats JSON) */
     vmm_quarantined *quar;             /* pages still mapped after a failed rollback unmap */
     size_t n_quar, cap_quar;
     vmm_event *ev_pool;                /* idle events */

@@ -500,7 +500,8 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
     }
     size_t got = 0, mapped = 0, reused = 0;
     int accessed = 0; /* set_access made (unlocked growth) */
-    if (gp && pl.n_new && may_unlock(a, seg) && quar_hold(a, nh)) {
+    /* a growth of cached handles only unlocks too: its maps and set_access are the calls left */
+    if (gp && may_unlock(a, seg) && quar_hold(a, nh)) {
         vmm_growth g = {gp->u, seg->pool, 0, pl.n_cached, pl.new_pages * ps, a->growing};
         for (; got < pl.n_cached; got++) {
             fh_take(a, chunk[got] * ps, seg->pool, &hs[got]); /* counted by plan_handles */
