@@ -235,14 +235,17 @@ struct vmm_stream_rec {
     vmm_stream_rec *next;
 };
 
-/* A growth creating its handles with the allocator lock released (segment.c), for vmm_check: the
- * MAPPING block it parked, and the reserved bytes and handles it holds out of the cache. */
+/* A growth making its driver calls with the allocator lock released (segment.c): the MAPPING block
+ * it parked, what it holds out of the cache (for vmm_check), and the room it holds meanwhile (summed
+ * over the list by segment.c's room checks). */
 typedef struct vmm_growth {
     vmm_block *blk;
     int pool;
     size_t held_bytes;         /* cached handles taken: still in reserved_bytes */
     size_t held_handles;       /* ... and in n_handles */
-    size_t new_bytes;          /* handles being created: counted in growing_bytes until made */
+    size_t new_bytes;          /* handles being created: room against the cap until made */
+    size_t new_handles;        /* ... their count: room in the handle cache */
+    size_t maps;               /* handles to map: quarantine room for a rollback's failed unmaps */
     struct vmm_growth *next;
 } vmm_growth;
 
@@ -300,10 +303,7 @@ struct vmm_allocator {
     vmm_free_handle *fh;               /* per-device cache of unmapped physical handles */
     size_t n_fh, cap_fh;
     size_t n_handles;                  /* physical handles created and not released */
-    vmm_growth *growing;               /* growths creating handles unlocked (segment.c) */
-    size_t growing_bytes;              /* bytes they create: room taken against cap meanwhile */
-    size_t growing_handles;            /* handles they create: room kept in the handle cache */
-    size_t growing_maps;               /* handles they map: quarantine room held for a rollback */
+    vmm_growth *growing;               /* growths in flight with the lock released (segment.c) */
     uint64_t growths_unlocked;         /* growths whose driver calls ran unlocked (stats JSON) */
     vmm_quarantined *quar;             /* pages still mapped after a failed rollback unmap */
     size_t n_quar, cap_quar;

@@ -65,11 +65,29 @@ size_t vmm_handles_bytes(const vmm_allocator *a, int pool)
     return n;
 }
 
+/* What the growths in flight with the lock released (seg_map_pages) hold room for: bytes being
+ * created (against the cap), handles being created (in the handle cache), handles being mapped (in
+ * the quarantine, for a rollback). */
+typedef struct growing_room {
+    size_t bytes, handles, maps;
+} growing_room;
+
+static growing_room growing(const vmm_allocator *a)
+{
+    growing_room r = {0, 0, 0};
+    for (const vmm_growth *g = a->growing; g; g = g->next) {
+        r.bytes += g->new_bytes;
+        r.handles += g->new_handles;
+        r.maps += g->maps;
+    }
+    return r;
+}
+
 /* Room in the cache for every handle in existence, so putting one back never fails; handles that
  * growths are creating with the lock released count too (they may all come back at once). */
 static int fh_reserve(vmm_allocator *a, size_t total)
 {
-    total += a->growing_handles;
+    total += growing(a).handles;
     if (total <= a->cap_fh)
         return VMM_OK;
     size_t ncap = a->cap_fh ? a->cap_fh : 64;
@@ -275,7 +293,7 @@ enum { PRESSURE_DIVISOR = 8 };
  * them, so that two threads cannot both pass the cap with the same room. */
 static size_t reserved_now(const vmm_allocator *a)
 {
-    return (size_t)a->stats.reserved_bytes[VMM_POOL_ALL].current + a->growing_bytes;
+    return (size_t)a->stats.reserved_bytes[VMM_POOL_ALL].current + growing(a).bytes;
 }
 
 /* ---- mapping ------------------------------------------------------------------------------ */
@@ -316,7 +334,7 @@ static int quar_overlaps(const vmm_allocator *a, uintptr_t va, size_t size)
 /* Room for `total` entries, made before a growth maps anything so that a rollback cannot fail. */
 static int quar_reserve(vmm_allocator *a, size_t total)
 {
-    total += a->growing_maps; /* room held for unlocked growths' rollbacks (seg_map_pages) */
+    total += growing(a).maps; /* room held for unlocked growths' rollbacks (seg_map_pages) */
     if (total <= a->cap_quar)
         return VMM_OK;
     size_t ncap = a->cap_quar ? a->cap_quar : 8;
@@ -334,17 +352,6 @@ static int quar_reserve(vmm_allocator *a, size_t total)
     return VMM_OK;
 }
 
-/* Hold quarantine room for n more entries across a growth's unlocked maps: a rollback after them
- * may quarantine that many pages, and other threads' reservations leave the room alone. 0 when
- * host memory for it is short (the growth keeps the lock then). */
-static int quar_hold(vmm_allocator *a, size_t n)
-{
-    a->growing_maps += n;
-    if (quar_reserve(a, a->n_quar) == VMM_OK)
-        return 1;
-    a->growing_maps -= n;
-    return 0;
-}
 
 /* Retry the unmaps; pages that come free return their handle to the cache. `report`: name the
  * first failure in the thread's last error. Returns the entries left. */
@@ -373,8 +380,8 @@ static size_t quar_retry(vmm_allocator *a, int tries, int report)
  * growth creates, maps and grants access to its new handles with the allocator lock released, so
  * that other threads' mallocs and frees do not wait for it (as PyTorch drops its lock around
  * cudaMalloc). Everything is decided first, under the lock: the plan, the cached handles taken, the
- * room (growing_bytes counts against the cap, growing_handles keeps room in the handle cache,
- * growing_maps in the quarantine), and the target range parked as a MAPPING block in no index, so
+ * room (each growth in flight holds bytes against the cap and room in the handle cache and the
+ * quarantine: see growing()), and the target range parked as a MAPPING block in no index, so
  * that no other thread grows into, merges with, reclaims or frees it. The page table learns of the
  * pages under the lock again, after the state was checked once more. */
 typedef struct grow_park {
@@ -415,6 +422,22 @@ static void unpark(vmm_allocator *a, grow_park *gp)
     gp->parked = 0;
 }
 
+static void growth_unlink(vmm_allocator *a, const vmm_growth *g);
+
+/* Put g on the growth list, holding its room, and the quarantine room for its maps now (a rollback
+ * after them may quarantine that many pages; other threads' reservations count it). 0 when host
+ * memory for that is short: the growth keeps the lock then. */
+static int growth_link(vmm_allocator *a, vmm_growth *g)
+{
+    g->next = a->growing;
+    a->growing = g;
+    if (quar_reserve(a, a->n_quar) == VMM_OK)
+        return 1;
+    growth_unlink(a, g);
+    return 0;
+}
+
+/* Off the list: the room it held is the books' again (or, for the quarantine, its rollback's). */
 static void growth_unlink(vmm_allocator *a, const vmm_growth *g)
 {
     vmm_growth **pp = &a->growing;
@@ -501,17 +524,14 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
     size_t got = 0, mapped = 0, reused = 0;
     int accessed = 0; /* set_access made (unlocked growth) */
     /* a growth of cached handles only unlocks too: its maps and set_access are the calls left */
-    if (gp && may_unlock(a, seg) && quar_hold(a, nh)) {
-        vmm_growth g = {gp->u, seg->pool, 0, pl.n_cached, pl.new_pages * ps, a->growing};
+    vmm_growth g = {gp ? gp->u : NULL, seg->pool, 0, pl.n_cached, pl.new_pages * ps, pl.n_new, nh, NULL};
+    if (gp && may_unlock(a, seg) && growth_link(a, &g)) {
         for (; got < pl.n_cached; got++) {
             fh_take(a, chunk[got] * ps, seg->pool, &hs[got]); /* counted by plan_handles */
             reused += chunk[got];
             g.held_bytes += chunk[got] * ps;
         }
         park(a, gp, total * ps);
-        a->growing = &g;
-        a->growing_bytes += g.new_bytes;
-        a->growing_handles += pl.n_new;
         a->growths_unlocked++;
         vmm_unlock(a);
         /* the range is parked: its maps and access grant concern no other thread either */
@@ -532,15 +552,12 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         }
         accessed = r == VMM_DRV_SUCCESS;
         vmm_lock(a);
-        growth_unlink(a, &g);
-        a->growing_bytes -= g.new_bytes;
-        a->growing_handles -= pl.n_new;
+        growth_unlink(a, &g); /* the quarantine room it held stays, for the rollback below */
         size_t made = 0;
         for (size_t k = pl.n_cached; k < got; k++) {
             handle_made(a, seg->pool, chunk[k] * ps);
             made += chunk[k];
         }
-        a->growing_maps -= nh; /* the quarantine room held for our rollback stays */
         /* what may have changed meanwhile: the segment put to sleep (sleep.c), mapping callbacks
          * set (their notice is made now) */
         if (r) {

@@ -490,13 +490,9 @@ static int check_locked(vmm_allocator *a)
         if (arr[k][0].current != arr[k][1].current + arr[k][2].current)
             return vmm_fail(VMM_ECORRUPT, "vmm_check: stat %s.all is not the sum of the pools", names[k]);
     }
-    size_t nh = a->n_fh + a->n_quar, growing = 0;
-    for (const vmm_growth *g = a->growing; g; g = g->next) {
+    size_t nh = a->n_fh + a->n_quar;
+    for (const vmm_growth *g = a->growing; g; g = g->next)
         nh += g->held_handles;
-        growing += g->new_bytes;
-    }
-    if (growing != a->growing_bytes)
-        return bad("bytes of growths in flight are wrong", 0);
     for (vmm_segment *s = a->segs; s; s = s->next)
         nh += vmm_seg_handles(s);
     if (nh != a->n_handles)
