@@ -406,11 +406,12 @@ again:;
             return lrc;
         key = lane->key;
     }
-    /* a cached block implies its stream's record exists; only the slow path needs it */
+    /* a cached block implies its stream's record exists (its lane's index); the slow path makes one */
     vmm_block *b;
     size_t rounded;
     int pool;
-    int rc = vmm_pool_malloc_cached(a, mp, size, key, &b, &rounded, &pool);
+    vmm_stream_rec *sr = lane ? lane : mp ? NULL : vmm_stream_rec_find(a, stream);
+    int rc = vmm_pool_malloc_cached(a, mp, sr, size, key, &b, &rounded, &pool);
     if (VMM_UNLIKELY(!b)) {
         if (rc)
             return rc;

@@ -7,11 +7,30 @@
 
 /* ---- stream records ---------------------------------------------------------------------- */
 
-vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s)
+vmm_stream_rec *vmm_stream_rec_find(vmm_allocator *a, vmm_stream s)
 {
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
         if (r->stream == s && r->tag == 0) /* tagged memory has records of its own (sleep.c) */
             return r;
+    return NULL;
+}
+
+vmm_stream_rec *vmm_stream_rec_next_key(vmm_allocator *a, const vmm_stream_rec *prev)
+{
+    /* a few lanes (streams): a selection pass per step beats keeping them sorted */
+    vmm_stream_rec *best = NULL;
+    for (vmm_stream_rec *r = a->streams; r; r = r->next)
+        if ((!prev || (uintptr_t)r->key > (uintptr_t)prev->key) &&
+            (!best || (uintptr_t)r->key < (uintptr_t)best->key))
+            best = r;
+    return best;
+}
+
+vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s)
+{
+    vmm_stream_rec *found = vmm_stream_rec_find(a, s);
+    if (found)
+        return found;
     vmm_stream_rec *r = vmm_meta_alloc(a->meta, sizeof *r);
     if (!r)
         return NULL;

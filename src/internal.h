@@ -211,9 +211,10 @@ typedef struct vmm_mempool {
     struct vmm_mempool *next;
 } vmm_mempool;
 
-/* The index roots of a segment's blocks: its private pool's, or the allocator's. */
+/* The index roots of a segment's blocks: its private pool's, or its lane's (mapped free blocks)
+ * and the allocator's (unmapped ones). */
 #define VMM_FREE_ROOT(a, seg)                                                                  \
-    ((seg)->mp ? &(seg)->mp->free_tree[(seg)->pool] : &(a)->free_tree[(seg)->pool])
+    ((seg)->mp ? &(seg)->mp->free_tree[(seg)->pool] : &(seg)->srec->free_tree[(seg)->pool])
 #define VMM_UNMAPPED_ROOT(a, seg)                                                              \
     ((seg)->mp ? &(seg)->mp->unmapped_tree[(seg)->pool] : &(a)->unmapped_tree[(seg)->pool])
 
@@ -233,6 +234,9 @@ struct vmm_stream_rec {
     vmm_fence *fences, *fences_tail; /* outstanding fences, oldest first */
     int retired;               /* destroyed by the user: all its work has run, record nothing on it */
     vmm_stream_rec *next;
+    /* mapped FREE blocks of its segments in the default pools by (size, addr): one index per lane,
+     * so that a lane's best fit and merges touch nothing of another's */
+    vmm_block *free_tree[VMM_NPOOLS];
 };
 
 /* A growth making its driver calls with the allocator lock released (segment.c): the MAPPING block
@@ -294,8 +298,8 @@ struct vmm_allocator {
     size_t cap;                        /* most reserved bytes allowed (memory fraction) */
     size_t page_size[VMM_NPOOLS];
     size_t va_size[VMM_NPOOLS];        /* default VA reservation size per pool */
-    vmm_block *free_tree[VMM_NPOOLS];  /* mapped free blocks by (stream, size, addr) */
-    vmm_block *unmapped_tree[VMM_NPOOLS];
+    vmm_block *unmapped_tree[VMM_NPOOLS]; /* unmapped free blocks by (stream, size, addr); mapped
+                                        * ones are in their lane's index (vmm_stream_rec) */
     size_t n_free_blocks, n_unmapped_blocks;
     size_t live_n;                     /* blocks in the live table (thread-cached ones too) */
     vmm_segment *segs;
@@ -435,8 +439,6 @@ int vmm_tree_contains(vmm_block *root, const vmm_block *b);
 /* Put a FREE / UNMAPPED block in its index (and inactive_split stats), take it out. */
 void vmm_pool_insert(vmm_allocator *a, vmm_block *b);
 void vmm_pool_erase(vmm_allocator *a, vmm_block *b);
-/* Best-fit mapped free block of `stream` for a rounded size, PyTorch's max_split rules. */
-vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size);
 /* Split b (not in an index) so it keeps `size` bytes; returns the remainder (same state, not indexed). */
 vmm_block *vmm_block_split(vmm_allocator *a, vmm_block *b, size_t size);
 /* The same with a record the caller allocated (cannot fail). */
@@ -449,11 +451,12 @@ vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b);
  * which lets a split leave the remainder in *b's index slot; *b is then a new record (the
  * allocated one). */
 int vmm_pool_take(vmm_allocator *a, vmm_block **b, size_t size, size_t requested, int fitted);
-/* malloc's cached path in one call: round `size`, best fit (in private pool mp's free blocks, or
- * the default pools' when mp is NULL), take. *out NULL (VMM_OK) when no cached block fits;
- * *rounded and *pool are set either way for the slow path. */
-int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, size_t size, vmm_stream s,
-                           vmm_block **out, size_t *rounded, int *pool);
+/* malloc's cached path in one call: round `size`, best fit (in private pool mp's free blocks for
+ * lane key s, or lane sr's when mp is NULL; sr NULL: the lane has no record yet, so no block),
+ * take. *out NULL (VMM_OK) when no cached block fits; *rounded and *pool are set either way for
+ * the slow path. */
+int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, vmm_stream_rec *sr, size_t size,
+                           vmm_stream s, vmm_block **out, size_t *rounded, int *pool);
 /* Return an allocated / pending block to its pool (merge, index, stats). */
 void vmm_pool_release_block(vmm_allocator *a, vmm_block *b);
 /* vmm_pool_release is also the public release of a private pool (vmmalloc.h, three arguments:
@@ -482,6 +485,12 @@ vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr);
 
 /* Stream record of s (created on first use); NULL when out of host memory. */
 vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s);
+/* The same without creating one: NULL when s has no record yet. */
+vmm_stream_rec *vmm_stream_rec_find(vmm_allocator *a, vmm_stream s);
+/* The record whose lane key follows prev's (the first with prev NULL): walks the lanes in the
+ * order of their keys, which was the order of the one free index of all lanes before indexes were
+ * per lane (reclaim keeps its order so). */
+vmm_stream_rec *vmm_stream_rec_next_key(vmm_allocator *a, const vmm_stream_rec *prev);
 /* An idle event from the pool, or a new one (VMM_EHOSTMEM / driver status, message set). */
 int vmm_event_get(vmm_allocator *a, vmm_event *out);
 /* Back to the pool; never fails (the pool has room for every event created). */

@@ -321,11 +321,8 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
     }
 }
 
-static inline vmm_block *best_fit(vmm_allocator *a, vmm_mempool *mp, int pool, vmm_stream s,
-                                  size_t size)
+static inline vmm_block *best_fit(vmm_allocator *a, vmm_block *root, vmm_stream s, size_t size)
 {
-    /* a private pool's blocks are in its own index (mempool.c) */
-    vmm_block *root = VMM_UNLIKELY(mp != NULL) ? mp->free_tree[pool] : a->free_tree[pool];
     vmm_block *b = vmm_tree_lower_bound(root, s, size, 0);
     if (!b || b->seg->key != s)
         return NULL;
@@ -337,11 +334,6 @@ static inline vmm_block *best_fit(vmm_allocator *a, vmm_mempool *mp, int pool, v
     if (max_split != SIZE_MAX && size >= max_split && b->size - size >= a->cfg.max_non_split_rounding)
         return NULL;
     return b;
-}
-
-vmm_block *vmm_pool_best_fit(vmm_allocator *a, int pool, vmm_stream s, size_t size)
-{
-    return best_fit(a, NULL, pool, s, size);
 }
 
 void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)
@@ -490,13 +482,15 @@ int vmm_pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_t requeste
 }
 
 
-int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, size_t size, vmm_stream s,
-                           vmm_block **out, size_t *rounded, int *pool)
+int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, vmm_stream_rec *sr, size_t size,
+                           vmm_stream s, vmm_block **out, size_t *rounded, int *pool)
 {
     /* one call for malloc's cached path: rounding, pool and best fit inline here */
     size_t r = round_size(&a->cfg, size);
     int p = pool_of(r);
-    vmm_block *b = best_fit(a, mp, p, s, r);
+    /* a private pool's blocks are in its own index (mempool.c) */
+    vmm_block *root = VMM_UNLIKELY(mp != NULL) ? mp->free_tree[p] : sr ? sr->free_tree[p] : NULL;
+    vmm_block *b = best_fit(a, root, s, r);
     *rounded = r;
     *pool = p;
     *out = NULL;

@@ -1049,7 +1049,7 @@ static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vm
     size_t n = 0;
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
         for (int pool = 0; pool < VMM_NPOOLS; pool++) {
-            vmm_block **root = &a->free_tree[pool];
+            vmm_block **root = &r->free_tree[pool];
             /* blocks smaller than a page hold no whole handle: start past them */
             for (vmm_block *b = vmm_tree_lower_bound(*root, r->key, a->page_size[pool], 0);
                  b && b->seg->key == r->key; b = vmm_tree_next(*root, b)) {
@@ -1119,19 +1119,23 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
 {
     size_t got = 0;
     quar_retry(a, 1, 0); /* silent: the OOM path calls this; empty_cache reports below */
+    /* lanes in key order: smallest stream first, then by size and address, as ever */
     for (int pool = 0; pool < VMM_NPOOLS && got < want; pool++) {
-        vmm_block *b = vmm_tree_lower_bound(a->free_tree[pool], NULL, 0, 0);
-        while (b && got < want) {
-            vmm_block *next = vmm_tree_next(a->free_tree[pool], b);
-            if (b->seg->expandable && vmm_block_idle(b)) {
-                if (has_whole_handle(b)) {
-                    size_t n = reclaim_block(a, b, want - got);
-                    if (n == 0)
-                        return got; /* the driver refuses: stop here */
-                    got += n;
+        for (vmm_stream_rec *r = vmm_stream_rec_next_key(a, NULL); r && got < want;
+             r = vmm_stream_rec_next_key(a, r)) {
+            vmm_block *b = vmm_tree_lower_bound(r->free_tree[pool], NULL, 0, 0);
+            while (b && got < want) {
+                vmm_block *next = vmm_tree_next(r->free_tree[pool], b);
+                if (b->seg->expandable && vmm_block_idle(b)) {
+                    if (has_whole_handle(b)) {
+                        size_t n = reclaim_block(a, b, want - got);
+                        if (n == 0)
+                            return got; /* the driver refuses: stop here */
+                        got += n;
+                    }
                 }
+                b = next;
             }
-            b = next;
         }
     }
     return got;
@@ -1299,7 +1303,6 @@ void vmm_seg_destroy_all(vmm_allocator *a)
         seg_unlink(a, s);
         seg_delete(a, s);
     }
-    a->free_tree[0] = a->free_tree[1] = NULL;
     a->unmapped_tree[0] = a->unmapped_tree[1] = NULL;
     while (a->n_fh) {
         ops->mem_release(a->drv, a->fh[--a->n_fh].h);

@@ -436,7 +436,9 @@ static int check_locked(vmm_allocator *a)
     }
     if (nsegs != a->n_segs)
         return bad("segment count is wrong", 0);
-    size_t tf = tree_count(a->free_tree[0]) + tree_count(a->free_tree[1]);
+    size_t tf = 0;
+    for (vmm_stream_rec *r = a->streams; r; r = r->next)
+        tf += tree_count(r->free_tree[0]) + tree_count(r->free_tree[1]);
     size_t tu = tree_count(a->unmapped_tree[0]) + tree_count(a->unmapped_tree[1]);
     size_t pf = 0, pu = 0; /* private pools' indexes (mempool.c) */
     int mrc = vmm_mempool_check(a, &pf, &pu);
