@@ -56,9 +56,20 @@ void vmm_mutex_wake(_Atomic int *w)
     syscall(SYS_futex, (int *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-void vmm_lock(vmm_allocator *a) { vmm_mutex_lock(&a->lock); }
+/* While lanes are open (lane.c) the allocator lock holds every lane's lock too. */
+void vmm_lock(vmm_allocator *a)
+{
+    vmm_mutex_lock(&a->lock);
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_lock_all(a);
+}
 
-void vmm_unlock(vmm_allocator *a) { vmm_mutex_unlock(&a->lock); }
+void vmm_unlock(vmm_allocator *a)
+{
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_unlock_all(a);
+    vmm_mutex_unlock(&a->lock);
+}
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
@@ -107,15 +118,13 @@ static int setup_device(vmm_allocator *a)
     return VMM_OK;
 }
 
-/* Give a block a thread cache held back to its pool (tcache.c drains; allocator lock held): the
- * free as vmm_free does it, but no stats, which the cache's delta counted. */
+/* Give a block a thread cache held back to its pool (tcache.c drains; allocator lock held, or the
+ * block's lane's): the free as vmm_free does it, but no stats, which the cache's delta counted. */
 static void tc_release(vmm_allocator *a, vmm_block *b)
 {
-    size_t slot = 0;
-    vmm_block *x = vmm_live_find_slot(a, b->addr, &slot);
-    if (VMM_UNLIKELY(x != b))
+    /* under the allocator lock or b's lane's (lane.c): found and removed in one shard-lock hold */
+    if (VMM_UNLIKELY(!vmm_live_take(a, b->addr, b)))
         abort(); /* a cached block is live by construction: the table is corrupt */
-    vmm_live_remove_at(a, slot);
     VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
     b->free_seq = ++b->seg->srec->seq;
     b->requested = 0;
@@ -172,13 +181,14 @@ VMM_API void vmm_destroy(vmm_allocator *a)
     vmm_sleep_destroy(a);
     vmm_pinned_destroy(a);
     vmm_events_shutdown(a);
-    if (a->live_n) {
+    size_t live_n = vmm_live_count(a);
+    if (live_n) {
         size_t bytes = 0;
         vmm_block *b;
         VMM_LIVE_FOREACH(a, b)
             bytes += b->size;
         fprintf(stderr, "vmmalloc: vmm_destroy: %zu live block(s), %zu bytes, still allocated; "
-                        "returning their memory anyway\n", a->live_n, bytes);
+                        "returning their memory anyway\n", live_n, bytes);
     }
     vmm_group_destroy_all(a);
     vmm_history_destroy(a);
@@ -204,6 +214,7 @@ static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
 {
     size_t free_b = 0, total = a->dev.total_bytes;
     vmm_tc_fold(a); /* the report's counters */
+    vmm_lanes_fold(a);
     if (a->drv->ops->mem_get_info(a->drv, &free_b, &total))
         free_b = 0;
     a->stats.num_ooms++;
@@ -469,8 +480,12 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
     /* this thread's cache: no lock another thread needs (tcache.c) */
     if (vmm_tc_malloc(a, size, stream, ptr))
         return VMM_OK;
+    /* missed: the stream's lane, whose lock other streams' threads do not need (lane.c) */
+    if (vmm_lane_malloc(a, size, stream, ptr))
+        return VMM_OK;
     VMM_HISTORY_CONTEXT_BEGIN(a); /* Python frames for the history, gathered before the lock */
     vmm_lock(a);
+    vmm_lanes_maybe_open(a); /* a second thread has a cache: lanes from now on */
     vmm_tc_fold_self(a); /* counters exact before this malloc moves them (peaks) */
     int rc = malloc_locked(a, size, stream, ptr, 0);
     if (VMM_UNLIKELY(a->cb != NULL)) {
@@ -508,6 +523,9 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
         return VMM_OK;
     size_t trim = 0;
     if (vmm_tc_free(a, ptr, &trim))
+        return VMM_OK;
+    /* the cache's bin was full: this free and the bin's trim on the block's lane (lane.c) */
+    if (trim && vmm_lane_free(a, ptr, trim))
         return VMM_OK;
     vmm_lock(a);
     vmm_tc_fold_self(a);

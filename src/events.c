@@ -36,9 +36,17 @@ vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s)
         return NULL;
     r->stream = s;
     r->key = s;
-    r->next = a->streams;
-    a->streams = r;
+    vmm_stream_rec_link(a, r);
     return r;
+}
+
+void vmm_stream_rec_link(vmm_allocator *a, vmm_stream_rec *r)
+{
+    /* held from birth while lanes are open: the allocator lock's holder releases it with the rest */
+    atomic_init(&r->lock, a->lanes_open);
+    r->next = a->streams;
+    /* release: lane.c's lookups walk the list without the allocator lock */
+    atomic_store_explicit(&a->streams, r, memory_order_release);
 }
 
 /* ---- event pool --------------------------------------------------------------------------- */
@@ -399,6 +407,7 @@ void vmm_events_shutdown(vmm_allocator *a)
     while (a->streams) {
         vmm_stream_rec *r = a->streams;
         a->streams = r->next;
+        vmm_block_cache_drain_books(a, &r->bk);
         vmm_meta_free(a->meta, r, sizeof *r);
     }
     while (a->n_ev_pool) {

@@ -218,6 +218,19 @@ typedef struct vmm_mempool {
 #define VMM_UNMAPPED_ROOT(a, seg)                                                              \
     ((seg)->mp ? &(seg)->mp->unmapped_tree[(seg)->pool] : &(a)->unmapped_tree[(seg)->pool])
 
+/* What a lane's path changes besides its blocks and index, kept apart from the allocator's while
+ * lanes are open (lane.c) and folded into it under the allocator lock: the small pool's hot counters
+ * as deltas (vmm_hot_up / vmm_hot_down on d: current is the net change, peak the highest net,
+ * allocated and freed the ups and downs), mallocs (malloc_count), lane-path mallocs and frees, and
+ * a cache of block records. */
+typedef struct vmm_books {
+    vmm_stats d;
+    uint64_t mallocs;
+    uint64_t counts[2];
+    vmm_block *block_cache;
+    size_t n_block_cache;
+} vmm_books;
+
 typedef struct vmm_fence {
     vmm_event ev;
     uint64_t seq;              /* stream sequence number covered */
@@ -237,6 +250,12 @@ struct vmm_stream_rec {
     /* mapped FREE blocks of its segments in the default pools by (size, addr): one index per lane,
      * so that a lane's best fit and merges touch nothing of another's */
     vmm_block *free_tree[VMM_NPOOLS];
+    /* ---- the lane lock (lane.c) and what its path changes; padded: records are not line aligned,
+     * and another lane's lock or the fields above are read by other threads ---- */
+    char pad0_[64];
+    _Atomic int lock;
+    vmm_books bk;
+    char pad1_[64];
 };
 
 /* A growth making its driver calls with the allocator lock released (segment.c): the MAPPING block
@@ -273,8 +292,9 @@ typedef struct vmm_quarantined {
  * pointer's 2 MiB region, so that threads allocating on their own streams (so in their own
  * segments) look blocks up without sharing a cache line; large-pool blocks in one shard. A shard:
  * open addressing, linear probing, backward-shift deletion, a lock of its own that only the
- * small-pool shards use. Writers hold the allocator lock and (small pool) the shard's; a thread
- * cache's lookup (tcache.c) holds only the shard's; readers holding the allocator lock need none. */
+ * small-pool shards use. Writers hold the allocator lock, or a lane's (lane.c), and (small pool)
+ * the shard's; a thread cache's lookup (tcache.c) holds only the shard's; readers holding the
+ * allocator lock (which holds every lane's) need none. */
 enum { VMM_LIVE_SHARDS = 256 };
 /* A slot keeps its block's address beside the record pointer: probes compare keys in the table
  * and touch no record (with 10^6 live blocks each record is a cache miss). blk NULL: empty. */
@@ -286,6 +306,7 @@ typedef struct vmm_live_shard {
     _Alignas(64) _Atomic int lock;
     vmm_live_slot *t;
     size_t cap, n;
+    size_t reserved;           /* inserts made room for and not done yet (lanes: several writers) */
 } vmm_live_shard;
 _Static_assert(sizeof(vmm_live_shard) == 64, "vmm_live_shard: one cache line each");
 
@@ -300,8 +321,7 @@ struct vmm_allocator {
     size_t va_size[VMM_NPOOLS];        /* default VA reservation size per pool */
     vmm_block *unmapped_tree[VMM_NPOOLS]; /* unmapped free blocks by (stream, size, addr); mapped
                                         * ones are in their lane's index (vmm_stream_rec) */
-    size_t n_free_blocks, n_unmapped_blocks;
-    size_t live_n;                     /* blocks in the live table (thread-cached ones too) */
+    size_t n_unmapped_blocks;
     vmm_segment *segs;
     size_t n_segs;
     vmm_free_handle *fh;               /* per-device cache of unmapped physical handles */
@@ -316,7 +336,8 @@ struct vmm_allocator {
     size_t n_events;                   /* events created and not destroyed */
     vmm_block *deferred;               /* pending frees */
     size_t n_deferred;
-    vmm_stream_rec *streams;
+    vmm_stream_rec *_Atomic streams;   /* lanes (stream records): linked under the allocator lock,
+                                        * read without it by lane.c (records live to vmm_destroy) */
     vmm_stream *sim_streams;           /* streams made with vmm_sim_stream_create */
     size_t n_sim_streams, cap_sim_streams;
     vmm_block *block_cache;            /* recycled block records (linked through ->next) */
@@ -347,6 +368,10 @@ struct vmm_allocator {
     /* ---- read by the thread caches' fast paths without the allocator lock: never written while
      * the allocator is in use (tcs itself is; its `on` flag is atomic) ---- */
     _Alignas(64) struct vmm_tc_state *tcs; /* thread caches (tcache.c); set by vmm_create */
+    _Atomic int lanes_on;              /* lane paths allowed (lane.c); set once, lock held */
+    int lanes_open;                    /* the same for lock holders: the allocator lock takes every
+                                        * lane's, small-pool counters go to lanes' books */
+    uint64_t lane_counts[2];           /* folded lane-path mallocs and frees (stats JSON) */
     vmm_live_shard live[VMM_LIVE_SHARDS];
 };
 
@@ -446,6 +471,8 @@ void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size);
 /* Merge b (not in an index, FREE or UNMAPPED) with neighbours of the same state; returns the result
  * (not indexed). */
 vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b);
+/* Free every record in a lane's record cache (vmm_destroy). */
+void vmm_block_cache_drain_books(vmm_allocator *a, vmm_books *bk);
 /* Take *b out of the free index for an allocation of `size` (rounded), split if the rules say so,
  * mark it allocated and live, update stats. `fitted`: *b is vmm_pool_best_fit's answer for `size`,
  * which lets a split leave the remainder in *b's index slot; *b is then a new record (the
@@ -471,6 +498,11 @@ void vmm_live_remove(vmm_allocator *a, vmm_block *b);
 /* The same by table slot: find gives the slot, remove_at takes it (one probe sequence per free). */
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot);
 void vmm_live_remove_at(vmm_allocator *a, size_t slot);
+/* Find and remove b (at addr, not thread-cached) under its shard's lock in one hold, for writers
+ * that another lane may race on the shard: 1 done, 0 it is not there (nothing changed). */
+int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b);
+/* Blocks in the live table (thread-cached ones too; allocator lock held). */
+size_t vmm_live_count(const vmm_allocator *a);
 void vmm_live_free_table(vmm_allocator *a);
 /* Lookup without the allocator lock (thread caches): the block at addr, thread-cached or not, or
  * NULL. Holds the shard's lock for the probe only. */
@@ -485,6 +517,8 @@ vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr);
 
 /* Stream record of s (created on first use); NULL when out of host memory. */
 vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s);
+/* Put a new record (fields set) on the list; its lane lock is born held while lanes are open. */
+void vmm_stream_rec_link(vmm_allocator *a, vmm_stream_rec *r);
 /* The same without creating one: NULL when s has no record yet. */
 vmm_stream_rec *vmm_stream_rec_find(vmm_allocator *a, vmm_stream s);
 /* The record whose lane key follows prev's (the first with prev NULL): walks the lanes in the
@@ -702,6 +736,14 @@ size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc);
  * every bin (size SIZE_MAX): a miss that found no fit, a full bin, a full cache; the thread keeps
  * its warm blocks. Returns the bytes given back. */
 size_t vmm_tc_trim_self(vmm_allocator *a, size_t size);
+/* Lane s's lock held (lane.c), not the allocator's: the older half of the calling thread's blocks
+ * of lane s in its bin of `size`-byte blocks back to their pool; no deltas folded. Returns the
+ * bytes given back. */
+size_t vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s);
+/* Lane s's lock held, not the allocator's: vmm_tc_give_fit without folding deltas. */
+size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s);
+/* Caches made for a (allocator lock held). */
+size_t vmm_tc_caches(const vmm_allocator *a);
 /* Allocator lock held: the calling thread's smallest cached block of lane s at least `size` bytes
  * back to its pool (a malloc that found no fit: one block, the least disturbance). Returns its
  * size, 0 when the cache has none. */
@@ -790,5 +832,29 @@ int vmm_cb_is_detaching(const vmm_allocator *a, const vmm_block *b);
 int vmm_cb_check(vmm_allocator *a);
 /* vmm_destroy, before taking the lock: before_unmap for every mapping, then free the state. */
 void vmm_cb_destroy(vmm_allocator *a);
+
+/* ---- lane.c: per-lane locks --------------------------------------------------------------- */
+
+/* While lanes are open, the allocator lock holds every lane's lock too (vmm_lock / vmm_unlock call
+ * these with the allocator's own lock held). */
+void vmm_lanes_lock_all(vmm_allocator *a);
+void vmm_lanes_unlock_all(vmm_allocator *a);
+/* Allocator lock held: open the lanes once a second thread has a cache of a (no-op otherwise, or
+ * when already open). */
+void vmm_lanes_maybe_open(vmm_allocator *a);
+/* Allocator lock held: every lane's books folded into the allocator's counters (stats readers). */
+void vmm_lanes_fold(vmm_allocator *a);
+/* Lane paths, allocator lock NOT held: 1 when done on the stream's lane with its lock only, 0 when
+ * the allocator must do it (nothing changed). malloc: a cached block of the small pool; free: the
+ * block at ptr, which the thread cache passed on because its bin is full, and the older half of
+ * that bin's blocks of the same lane (trim: the bin's block size). */
+int vmm_lane_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr);
+int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim);
+/* The books a segment's blocks change: its lane's while lanes are open (small pool, default
+ * pools), else NULL (the allocator's own counters and record cache). */
+static inline vmm_books *vmm_books_of(const vmm_allocator *a, const vmm_segment *seg)
+{
+    return VMM_UNLIKELY(a->lanes_open) && seg->pool == VMM_SMALL && !seg->mp ? &seg->srec->bk : NULL;
+}
 
 #endif /* VMM_INTERNAL_H */

@@ -18,6 +18,7 @@ enum {
                                        * mispredict on ~1 pair in 3; 2 more slots (32 bytes) per
                                        * live block */
     BLOCK_CACHE_MAX = 4096,           /* recycled records kept: ~0.5 MiB of host memory at most */
+    LANE_CACHE_MAX = 256,             /* per lane (lane.c): a lane path's splits and merges */
 };
 
 /* ---- rounding ---------------------------------------------------------------------------- */
@@ -72,17 +73,20 @@ size_t vmm_classic_segment_size(size_t rounded)
 
 /* ---- block records ----------------------------------------------------------------------- */
 
-/* A record with its treap priority set and every other field stale (recycled) or zero (new). */
-static vmm_block *block_pop(vmm_allocator *a)
+/* A record with its treap priority set and every other field stale (recycled) or zero (new), from
+ * the record cache of books bk (a lane's), or the allocator's (bk NULL). */
+static vmm_block *block_pop(vmm_allocator *a, vmm_books *bk)
 {
-    vmm_block *b = a->block_cache;
+    vmm_block **cache = bk ? &bk->block_cache : &a->block_cache;
+    size_t *n = bk ? &bk->n_block_cache : &a->n_block_cache;
+    vmm_block *b = *cache;
     if (b) {
         /* recycled: splitting and merging churn records, the metadata allocator is slower */
-        a->block_cache = b->next;
-        a->n_block_cache--;
+        *cache = b->next;
+        (*n)--;
         return b;
     }
-    b = vmm_meta_alloc(a->meta, sizeof *b);
+    b = vmm_meta_alloc(a->meta, sizeof *b); /* thread safe: lane paths allocate side by side */
     if (b) {
         /* treap priority from a counter hashed (splitmix-style): deterministic, well mixed */
         static _Thread_local uint64_t ctr;
@@ -120,13 +124,14 @@ static inline void block_init(vmm_block *f, uintptr_t addr, size_t size, vmm_seg
 
 vmm_block *vmm_block_new(vmm_allocator *a)
 {
-    vmm_block *b = block_pop(a);
+    vmm_block *b = block_pop(a, NULL);
     if (b)
         block_init(b, 0, 0, NULL, NULL, NULL, 0, 0);
     return b;
 }
 
-void vmm_block_delete(vmm_allocator *a, vmm_block *b)
+/* A record's side record (record_stream uses), freed with it. */
+static void ext_free(vmm_allocator *a, vmm_block *b)
 {
     vmm_block_ext *x = b->ext;
     if (VMM_UNLIKELY(x != NULL)) {
@@ -137,6 +142,11 @@ void vmm_block_delete(vmm_allocator *a, vmm_block *b)
         vmm_meta_free(a->meta, x, sizeof *x);
         b->ext = NULL;
     }
+}
+
+void vmm_block_delete(vmm_allocator *a, vmm_block *b)
+{
+    ext_free(a, b);
     if (a->n_block_cache < BLOCK_CACHE_MAX) {
         b->next = a->block_cache;
         a->block_cache = b;
@@ -144,6 +154,33 @@ void vmm_block_delete(vmm_allocator *a, vmm_block *b)
         return;
     }
     vmm_meta_free(a->meta, b, sizeof *b);
+}
+
+/* Delete a record of a segment's blocks into the record cache of its books. */
+static void block_drop(vmm_allocator *a, vmm_books *bk, vmm_block *b)
+{
+    if (!bk) {
+        vmm_block_delete(a, b);
+        return;
+    }
+    ext_free(a, b);
+    if (bk->n_block_cache < LANE_CACHE_MAX) {
+        b->next = bk->block_cache;
+        bk->block_cache = b;
+        bk->n_block_cache++;
+        return;
+    }
+    vmm_meta_free(a->meta, b, sizeof *b);
+}
+
+void vmm_block_cache_drain_books(vmm_allocator *a, vmm_books *bk)
+{
+    while (bk->block_cache) {
+        vmm_block *b = bk->block_cache;
+        bk->block_cache = b->next;
+        vmm_meta_free(a->meta, b, sizeof *b);
+    }
+    bk->n_block_cache = 0;
 }
 
 void vmm_block_cache_drain(vmm_allocator *a)
@@ -283,8 +320,17 @@ vmm_block *vmm_tree_next(vmm_block *t, const vmm_block *b)
 
 static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool);
 static void live_put_block(vmm_allocator *a, vmm_block *b);
+static void live_unreserve(vmm_allocator *a, uintptr_t addr, int pool);
 
 static int is_split(const vmm_block *b) { return b->prev || b->next; }
+
+/* Where a segment's blocks count: its lane's deltas while lanes are open (lane.c), else the
+ * allocator's counters. */
+static inline vmm_stats *stats_of(vmm_allocator *a, const vmm_segment *seg)
+{
+    vmm_books *bk = vmm_books_of(a, seg);
+    return bk ? &bk->d : &a->stats;
+}
 
 void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
 {
@@ -297,10 +343,10 @@ void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
         return;
     }
     vmm_tree_insert(VMM_FREE_ROOT(a, b->seg), b);
-    a->n_free_blocks++;
     if (is_split(b)) {
-        vmm_hot_up(a->stats.inactive_split, pool, 1);
-        vmm_hot_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_stats *st = stats_of(a, b->seg);
+        vmm_hot_up(st->inactive_split, pool, 1);
+        vmm_hot_up(st->inactive_split_bytes, pool, (int64_t)b->size);
     }
 }
 
@@ -314,10 +360,10 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
         return;
     }
     vmm_tree_erase(VMM_FREE_ROOT(a, b->seg), b);
-    a->n_free_blocks--;
     if (is_split(b)) {
-        vmm_hot_down(a->stats.inactive_split, pool, 1);
-        vmm_hot_down(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_stats *st = stats_of(a, b->seg);
+        vmm_hot_down(st->inactive_split, pool, 1);
+        vmm_hot_down(st->inactive_split_bytes, pool, (int64_t)b->size);
     }
 }
 
@@ -354,9 +400,11 @@ void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)
 
 vmm_block *vmm_block_split(vmm_allocator *a, vmm_block *b, size_t size)
 {
-    vmm_block *r = vmm_block_new(a);
-    if (r)
+    vmm_block *r = block_pop(a, vmm_books_of(a, b->seg));
+    if (r) {
+        block_init(r, 0, 0, NULL, NULL, NULL, 0, 0);
         vmm_block_split_into(b, r, size);
+    }
     return r;
 }
 
@@ -371,7 +419,7 @@ static void absorb_next(vmm_allocator *a, vmm_block *b, vmm_block *n)
         b->free_seq = n->free_seq;
     if (n->gc_stamp > b->gc_stamp)
         b->gc_stamp = n->gc_stamp;
-    vmm_block_delete(a, n);
+    block_drop(a, vmm_books_of(a, b->seg), n);
 }
 
 vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b)
@@ -406,10 +454,12 @@ static int should_split(const vmm_allocator *a, const vmm_block *b, size_t size)
  * peak as erase + insert, two stat updates fewer on the hot path. */
 static vmm_block *carve_front(vmm_allocator *a, vmm_block *b, size_t size)
 {
-    vmm_block *f = block_pop(a);
+    vmm_books *bk = vmm_books_of(a, b->seg);
+    vmm_block *f = block_pop(a, bk);
     if (VMM_UNLIKELY(!f))
         return NULL;
     int pool = b->seg->pool;
+    vmm_stats *st = bk ? &bk->d : &a->stats;
     int was_split = is_split(b);
     /* one initialisation of the whole record (vmm_block_new would clear it first) */
     block_init(f, b->addr, size, b->seg, b->prev, b, b->free_seq, b->gc_stamp);
@@ -421,10 +471,10 @@ static vmm_block *carve_front(vmm_allocator *a, vmm_block *b, size_t size)
     b->addr += size;
     b->size -= size;
     if (was_split) {
-        vmm_hot_down(a->stats.inactive_split_bytes, pool, (int64_t)size);
+        vmm_hot_down(st->inactive_split_bytes, pool, (int64_t)size);
     } else {
-        vmm_hot_up(a->stats.inactive_split, pool, 1);
-        vmm_hot_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_hot_up(st->inactive_split, pool, 1);
+        vmm_hot_up(st->inactive_split_bytes, pool, (int64_t)b->size);
     }
     return f;
 }
@@ -443,14 +493,18 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
     if (!should_split(a, b, size)) {
         vmm_pool_erase(a, b);
     } else if (fitted && b->size - size >= size) {
-        b = carve_front(a, b, size);
-        if (!b)
+        vmm_block *f = carve_front(a, b, size);
+        if (!f) {
+            live_unreserve(a, b->addr, b->seg->pool);
             return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for a block record");
+        }
+        b = f;
     } else {
         vmm_pool_erase(a, b);
         vmm_block *rem = vmm_block_split(a, b, size);
         if (!rem) {
             vmm_pool_insert(a, b);
+            live_unreserve(a, b->addr, b->seg->pool);
             return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for a block record");
         }
         vmm_pool_insert(a, rem);
@@ -459,6 +513,17 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
     b->state = VMM_BLOCK_ALLOCATED;
     b->requested = requested;
     live_put_block(a, b); /* room was made above */
+    vmm_books *bk = vmm_books_of(a, b->seg);
+    if (bk) {
+        /* a lane's deltas: active's peaks and the oversize count when they are folded (lane.c) */
+        vmm_hot_up(bk->d.allocation, pool, 1);
+        vmm_hot_up(bk->d.allocated_bytes, pool, (int64_t)b->size);
+        vmm_hot_up(bk->d.requested_bytes, pool, (int64_t)requested);
+        if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
+            vmm_stat_add(&bk->d.oversize_allocations, 1);
+        *bp = b;
+        return VMM_OK;
+    }
     vmm_stats *st = &a->stats;
     int64_t all_n = vmm_hot_up(st->allocation, pool, 1);
     int64_t all_b = vmm_hot_up(st->allocated_bytes, pool, (int64_t)b->size);
@@ -533,13 +598,15 @@ static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
     if (b->gc_stamp > keep->gc_stamp)
         keep->gc_stamp = b->gc_stamp;
     /* keep was split (b is its neighbour): net stat change, as in carve_front */
+    vmm_books *bk = vmm_books_of(a, b->seg);
+    vmm_stats *st = bk ? &bk->d : &a->stats;
     if (is_split(keep)) {
-        vmm_hot_up(a->stats.inactive_split_bytes, pool, (int64_t)b->size);
+        vmm_hot_up(st->inactive_split_bytes, pool, (int64_t)b->size);
     } else {
-        vmm_hot_down(a->stats.inactive_split, pool, 1);
-        vmm_hot_down(a->stats.inactive_split_bytes, pool, (int64_t)old_size);
+        vmm_hot_down(st->inactive_split, pool, 1);
+        vmm_hot_down(st->inactive_split_bytes, pool, (int64_t)old_size);
     }
-    vmm_block_delete(a, b);
+    block_drop(a, bk, b);
     return 1;
 }
 
@@ -613,33 +680,60 @@ static void live_put(vmm_live_slot *t, size_t cap, uintptr_t addr, vmm_block *b)
     t[i] = (vmm_live_slot){addr, b};
 }
 
-/* Room for one more block of `pool` at addr (allocator lock held); the swap to a larger table
- * holds the shard lock, since a thread cache may be reading the old one. */
+/* Room for one more block of `pool` at addr, held for it (sh->reserved) until live_put_block or
+ * live_unreserve. With the allocator lock held and lanes closed the shard has one writer, and only
+ * the swap to a larger table needs the shard lock (a thread cache may be reading the old one);
+ * while lanes are open, writers of two lanes may share a shard, so all of it holds the lock. */
 static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
     size_t s = live_shard_of(addr, pool);
     vmm_live_shard *sh = &a->live[s];
-    if (VMM_LIKELY(sh->n + 1 <= sh->cap / LIVE_LOAD_DIV))
-        return VMM_OK;
-    size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
-    vmm_live_slot *nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
-    if (!nt)
-        return vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
-    for (size_t i = 0; i < sh->cap; i++)
-        if (sh->t[i].blk)
-            live_put(nt, ncap, sh->t[i].addr, sh->t[i].blk);
-    vmm_live_slot *old = sh->t;
-    size_t old_cap = sh->cap;
-    shard_lock(sh, s);
-    sh->t = nt;
-    sh->cap = ncap;
-    shard_unlock(sh, s);
-    if (old)
-        vmm_meta_free(a->meta, old, old_cap * sizeof *old);
-    return VMM_OK;
+    int held = a->lanes_open && live_locked(s);
+    if (held)
+        vmm_mutex_lock(&sh->lock);
+    int rc = VMM_OK;
+    if (VMM_UNLIKELY(sh->n + sh->reserved + 1 > sh->cap / LIVE_LOAD_DIV)) {
+        size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
+        vmm_live_slot *nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
+        if (!nt) {
+            rc = vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
+        } else {
+            for (size_t i = 0; i < sh->cap; i++)
+                if (sh->t[i].blk)
+                    live_put(nt, ncap, sh->t[i].addr, sh->t[i].blk);
+            vmm_live_slot *old = sh->t;
+            size_t old_cap = sh->cap;
+            if (!held)
+                shard_lock(sh, s);
+            sh->t = nt;
+            sh->cap = ncap;
+            if (!held)
+                shard_unlock(sh, s);
+            if (old)
+                vmm_meta_free(a->meta, old, old_cap * sizeof *old);
+        }
+    }
+    if (rc == VMM_OK)
+        sh->reserved++;
+    if (held)
+        vmm_mutex_unlock(&sh->lock);
+    return rc;
 }
 
-/* Put b in its shard, which has room (live_reserve). */
+/* Give back a reservation that will not be used. */
+static void live_unreserve(vmm_allocator *a, uintptr_t addr, int pool)
+{
+    size_t s = live_shard_of(addr, pool);
+    vmm_live_shard *sh = &a->live[s];
+    int held = a->lanes_open && live_locked(s);
+    if (held)
+        vmm_mutex_lock(&sh->lock);
+    sh->reserved--;
+    if (held)
+        vmm_mutex_unlock(&sh->lock);
+}
+
+/* Put b in its shard, which has room for it (live_reserve). */
 static void live_put_block(vmm_allocator *a, vmm_block *b)
 {
     size_t s = live_shard_of(b->addr, b->seg->pool);
@@ -647,8 +741,8 @@ static void live_put_block(vmm_allocator *a, vmm_block *b)
     shard_lock(sh, s);
     live_put(sh->t, sh->cap, b->addr, b);
     sh->n++;
+    sh->reserved--;
     shard_unlock(sh, s);
-    a->live_n++;
 }
 
 int vmm_live_insert(vmm_allocator *a, vmm_block *b)
@@ -657,6 +751,14 @@ int vmm_live_insert(vmm_allocator *a, vmm_block *b)
     if (rc == VMM_OK)
         live_put_block(a, b);
     return rc;
+}
+
+size_t vmm_live_count(const vmm_allocator *a)
+{
+    size_t n = 0;
+    for (size_t s = 0; s < VMM_LIVE_SHARDS; s++)
+        n += a->live[s].n;
+    return n;
 }
 
 /* A slot names the shard and the index in it. */
@@ -721,13 +823,10 @@ void vmm_live_remove(vmm_allocator *a, vmm_block *b)
     vmm_live_remove_at(a, slot_make(s, i));
 }
 
-void vmm_live_remove_at(vmm_allocator *a, size_t slot)
+/* Remove entry i of shard sh (its lock held where shards are locked). */
+static void shard_remove(vmm_live_shard *sh, size_t i)
 {
-    size_t s = slot % VMM_LIVE_SHARDS;
-    vmm_live_shard *sh = &a->live[s];
-    size_t i = slot / VMM_LIVE_SHARDS;
     size_t mask = sh->cap - 1;
-    shard_lock(sh, s);
     sh->t[i].blk = NULL;
     sh->n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */
@@ -740,8 +839,28 @@ void vmm_live_remove_at(vmm_allocator *a, size_t slot)
             i = j;
         }
     }
+}
+
+void vmm_live_remove_at(vmm_allocator *a, size_t slot)
+{
+    size_t s = slot % VMM_LIVE_SHARDS;
+    vmm_live_shard *sh = &a->live[s];
+    shard_lock(sh, s);
+    shard_remove(sh, slot / VMM_LIVE_SHARDS);
     shard_unlock(sh, s);
-    a->live_n--;
+}
+
+int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b)
+{
+    size_t s = live_shard_of(addr, b->seg->pool);
+    vmm_live_shard *sh = &a->live[s];
+    shard_lock(sh, s);
+    size_t i = shard_find(sh, addr);
+    int ok = i != SIZE_MAX && sh->t[i].blk == b && !b->tcached;
+    if (ok)
+        shard_remove(sh, i);
+    shard_unlock(sh, s);
+    return ok;
 }
 
 void vmm_live_free_table(vmm_allocator *a)
@@ -751,7 +870,6 @@ void vmm_live_free_table(vmm_allocator *a)
         if (sh->t)
             vmm_meta_free(a->meta, sh->t, sh->cap * sizeof *sh->t);
         sh->t = NULL;
-        sh->cap = sh->n = 0;
+        sh->cap = sh->n = sh->reserved = 0;
     }
-    a->live_n = 0;
 }

@@ -135,8 +135,7 @@ int vmm_lane_get(vmm_allocator *a, vmm_stream s, int tag, vmm_stream_rec **out)
     r->tag = tag;
     r->key = (vmm_stream)((uintptr_t)r | 1);
     r->retired = retired;
-    r->next = a->streams;
-    a->streams = r;
+    vmm_stream_rec_link(a, r);
     if (!a->cfg.expandable_segments)
         a->mixed_lanes = 1;
     *out = S->last_lane = r;

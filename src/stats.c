@@ -53,6 +53,7 @@ VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out)
         return vmm_fail(VMM_EINVAL, "vmm_get_stats: NULL argument");
     vmm_lock(a);
     vmm_tc_fold(a); /* what threads' caches did since the last fold */
+    vmm_lanes_fold(a); /* and lanes */
     fill_stats(a, out);
     vmm_unlock(a);
     return VMM_OK;
@@ -84,6 +85,7 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
         return vmm_fail(VMM_EINVAL, "vmm_reset_stats: allocator is NULL");
     vmm_lock(a);
     vmm_tc_fold(a);
+    vmm_lanes_fold(a);
     vmm_stats *s = &a->stats, d;
     vmm_stats_derive(a, &d);
     /* peaks restart from the derived currents; the stored ones may be partial (vmm_hot_up) */
@@ -148,6 +150,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     vmm_stats s;
     vmm_lock(a);
     vmm_tc_fold(a);
+    vmm_lanes_fold(a);
     fill_stats(a, &s);
     vmm_sim_counters c;
     int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
@@ -185,6 +188,9 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     jput(&j, "thread_caches.malloc_misses", (long long)tc_counts[1]);
     jput(&j, "thread_caches.frees_kept", (long long)tc_counts[2]);
     jput(&j, "thread_caches.frees_passed", (long long)tc_counts[3]);
+    jput(&j, "lanes.open", a->lanes_open);
+    jput(&j, "lanes.mallocs", (long long)a->lane_counts[0]);
+    jput(&j, "lanes.frees", (long long)a->lane_counts[1]);
     jput(&j, "growths_unlocked", unlocked);
     if (sim) {
         jput(&j, "sim.device_syncs", (long long)c.device_syncs);
@@ -446,11 +452,11 @@ static int check_locked(vmm_allocator *a)
         return mrc;
     tf += pf;
     tu += pu;
-    if (tf != nfree || nfree != a->n_free_blocks)
+    if (tf != nfree)
         return bad("free index holds blocks that are not free", 0);
     if (tu != nunm || nunm != a->n_unmapped_blocks)
         return bad("unmapped index holds blocks that are not unmapped", 0);
-    if (nlive != a->live_n)
+    if (nlive != vmm_live_count(a))
         return bad("live table holds blocks that are not allocated", 0);
     int erc = check_events(a);
     if (!erc)
@@ -510,6 +516,7 @@ VMM_API int vmm_check(vmm_allocator *a)
         return vmm_fail(VMM_EINVAL, "vmm_check: allocator is NULL");
     vmm_lock(a);
     int tc = vmm_tc_pause(a); /* one state: cached blocks back in their pools, no fast path */
+    vmm_lanes_fold(a);
     int m = vmm_capture_relax(a); /* lookup_mapping is an unsafe call while capturing (driver.h) */
     int rc = check_locked(a);
     vmm_tc_resume(a, tc);

@@ -517,15 +517,10 @@ size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc)
     return n;
 }
 
-size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
+/* The smallest cached block of lane s at least `size` large back (tc locked): a fit once it is back. */
+static size_t give_fit_locked(vmm_allocator *a, vmm_tcache *tc, size_t size, vmm_stream s)
 {
-    if (size > TC_MAX_SIZE)
-        return 0;
-    vmm_tcache *tc = self_locked(a);
-    if (!tc)
-        return 0;
     size_t given = 0;
-    /* the smallest cached block of the lane at least `size` large: a fit once it is back */
     for (size_t i = (size + TC_STEP - 1) / TC_STEP - 1; i < TC_BINS && !given; i++) {
         int k = bin_find(&tc->bins[i], s, 1);
         if (k >= 0) {
@@ -534,6 +529,28 @@ size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
             a->tcs->release(a, b);
         }
     }
+    return given;
+}
+
+size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
+{
+    if (size > TC_MAX_SIZE)
+        return 0;
+    vmm_tcache *tc = self_locked(a);
+    if (!tc)
+        return 0;
+    size_t given = give_fit_locked(a, tc, size, s);
+    vmm_mutex_unlock(&tc->lock);
+    return given;
+}
+
+size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s)
+{
+    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
+    if (!tc || size > TC_MAX_SIZE)
+        return 0;
+    vmm_mutex_lock(&tc->lock); /* no fold, as vmm_tc_trim_lane */
+    size_t given = give_fit_locked(a, tc, size, s);
     vmm_mutex_unlock(&tc->lock);
     return given;
 }
@@ -548,6 +565,32 @@ size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
     return n;
 }
 
+
+size_t vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
+{
+    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
+    if (!tc || size > TC_MAX_SIZE || size < TC_STEP)
+        return 0;
+    /* no fold: the allocator's counters are the allocator lock's (the deltas wait for it) */
+    vmm_mutex_lock(&tc->lock);
+    tc_bin *bin = &tc->bins[size / TC_STEP - 1];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < bin->n; i++)
+        n += bin->key[i] == s;
+    size_t given = 0;
+    for (n = (n + 1) / 2; n--;) {
+        vmm_block *b = bin_take(tc, bin, (uint32_t)bin_find(bin, s, 1));
+        given += b->size;
+        a->tcs->release(a, b);
+    }
+    vmm_mutex_unlock(&tc->lock);
+    return given;
+}
+
+size_t vmm_tc_caches(const vmm_allocator *a)
+{
+    return a->tcs ? a->tcs->n : 0;
+}
 
 size_t vmm_tc_drain(vmm_allocator *a, int self_only)
 {

@@ -254,6 +254,7 @@ typedef struct run {
     int64_t peak_allocated, peak_reserved, event_waits, pages_remapped, device_syncs, stream_syncs;
     long long tc_hits, tc_kept; /* thread caches: mallocs served, frees kept (stats JSON) */
     long long grows_unlocked;   /* growths that created handles with the lock released */
+    long long lane_mallocs, lane_frees; /* done under a lane's lock only (src/lane.c) */
     uint64_t violations_at_start;
     int empty_rounds;      /* empty_cache calls the recovery at the end needed */
     /* --sleep-every, --map-callbacks (see sleep_cycle, mapwatch) */
@@ -1615,6 +1616,10 @@ static void teardown_checks(run_t *R)
             R->tc_kept = k ? atoll(strchr(k, ':') + 1) : 0;
             const char *g = strstr(json, "\"growths_unlocked\":");
             R->grows_unlocked = g ? atoll(strchr(g, ':') + 1) : 0;
+            const char *lm = strstr(json, "\"lanes.mallocs\":");
+            const char *lf = strstr(json, "\"lanes.frees\":");
+            R->lane_mallocs = lm ? atoll(strchr(lm, ':') + 1) : 0;
+            R->lane_frees = lf ? atoll(strchr(lf, ':') + 1) : 0;
         }
     }
     if (R->is_sim) {
@@ -1723,11 +1728,11 @@ static void print_summary(const run_t *R, double secs, int json, FILE *f)
     fprintf(f, "%-10s peak live %.1f MiB, peak allocated %.1f MiB, peak reserved %.1f MiB of %.1f MiB; "
                "OOMs %llu (fragmentation %llu, with free bytes %llu, fault-caused %llu), injected errors %llu, "
                "event waits %lld, pages remapped %lld, thread caches: %lld mallocs served, %lld frees kept, "
-               "growths unlocked %lld\n",
+               "growths unlocked %lld, lane mallocs %lld, lane frees %lld\n",
             R->label, (double)R->peak_shadow_usable / MiB, (double)R->peak_allocated / MiB,
             (double)R->peak_reserved / MiB, (double)R->capacity / MiB, L(ooms), L(frag_ooms), L(naive_free_ooms),
             L(fault_ooms), L(injected_errors), (long long)R->event_waits, (long long)R->pages_remapped,
-            R->tc_hits, R->tc_kept, R->grows_unlocked);
+            R->tc_hits, R->tc_kept, R->grows_unlocked, R->lane_mallocs, R->lane_frees);
 #undef L
 }
 

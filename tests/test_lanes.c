@@ -1,0 +1,313 @@
+// ctest-labels: unit
+/* Lanes (src/lane.c): closed with one thread; opened by a second thread's cache; then threads on
+ * their own streams do the small pool's cached mallocs and full-bin frees under their lane's lock.
+ * What must hold: no two live blocks overlap, the counters are exact once the threads are done,
+ * vmm_check sees one state while the lanes run (a checker thread), record_stream's deferred frees
+ * and history keep every malloc and free under the allocator lock, and destroy leaks nothing. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "testutil.h"
+#include "vmmalloc.h"
+#include "vmmalloc_sim.h"
+
+static long long json_num(vmm_allocator *a, const char *key)
+{
+    static _Thread_local char buf[1 << 16];
+    if (vmm_stats_json(a, buf, sizeof buf) < 0)
+        return -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *k = strstr(buf, pat);
+    return k ? atoll(k + strlen(pat)) : -1;
+}
+
+static vmm_stats stats(vmm_allocator *a)
+{
+    vmm_stats st;
+    memset(&st, 0, sizeof st);
+    CHECK_OK(vmm_get_stats(a, &st));
+    return st;
+}
+
+static const char *CONF = "driver:sim,sim_capacity:2G,sim_backed:false";
+
+enum { MAX_THREADS = 4, LIVE = 300, ROUNDS = 40000 };
+
+typedef struct ring {
+    vmm_allocator *a;
+    vmm_stream s;
+    unsigned id;
+    int rounds;
+    void *held[LIVE];
+    size_t size[LIVE];
+    int errors;
+    pthread_barrier_t *mid; /* all threads stop here with their ring full, for the overlap check */
+} ring;
+
+/* Sizes of the ring pattern: 512 B .. 64 KiB, log-uniform, rounded to 512 B. */
+static size_t ring_size(uint64_t *x)
+{
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    size_t lo = (size_t)512 << (*x % 7); /* 512 B .. 32 KiB, then up to twice that */
+    return (lo + (*x >> 16) % lo) / 512 * 512;
+}
+
+static void ring_run(ring *r, int rounds, uint64_t *x, size_t *h)
+{
+    for (int i = 0; i < rounds; i++) {
+        if (r->held[*h] && vmm_free(r->a, r->held[*h]))
+            r->errors++;
+        size_t sz = ring_size(x);
+        r->held[*h] = NULL;
+        if (vmm_malloc(r->a, sz, r->s, &r->held[*h]) || !r->held[*h])
+            r->errors++;
+        r->size[*h] = sz;
+        *h = (*h + 1) % LIVE;
+    }
+}
+
+static void *ring_main(void *arg)
+{
+    ring *r = arg;
+    uint64_t x = 0x9E3779B97F4A7C15ull * (r->id + 1);
+    size_t h = 0;
+    ring_run(r, r->rounds / 2, &x, &h);
+    if (r->mid)
+        pthread_barrier_wait(r->mid); /* main checks the live blocks of all threads */
+    if (r->mid)
+        pthread_barrier_wait(r->mid);
+    ring_run(r, r->rounds - r->rounds / 2, &x, &h);
+    return NULL;
+}
+
+static int cmp_addr(const void *x, const void *y)
+{
+    uintptr_t a = *(const uintptr_t *)x, b = *(const uintptr_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Every live block of every ring: in the allocator (usable size >= asked), none overlapping. */
+static void check_disjoint(vmm_allocator *a, ring *rs, int n)
+{
+    uintptr_t (*iv)[2] = malloc((size_t)n * LIVE * sizeof *iv);
+    size_t m = 0;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < LIVE; i++) {
+            if (!rs[t].held[i])
+                continue;
+            size_t us = vmm_usable_size(a, rs[t].held[i]);
+            CHECK(us >= rs[t].size[i]);
+            iv[m][0] = (uintptr_t)rs[t].held[i];
+            iv[m][1] = (uintptr_t)rs[t].held[i] + us;
+            m++;
+        }
+    qsort(iv, m, sizeof *iv, cmp_addr);
+    int overlaps = 0;
+    for (size_t i = 1; i < m; i++)
+        overlaps += iv[i][0] < iv[i - 1][1];
+    CHECK_EQ(overlaps, 0);
+    CHECK(m > 0);
+    free(iv);
+}
+
+static _Atomic int stop_checker;
+
+static void *checker(void *arg)
+{
+    vmm_allocator *a = arg;
+    while (!atomic_load(&stop_checker)) {
+        if (vmm_check(a)) {
+            fprintf(stderr, "checker: %s\n", vmm_last_error());
+            vmm_test_failures++;
+        }
+        vmm_stats st;
+        if (vmm_get_stats(a, &st) || st.allocation[VMM_POOL_ALL].current < 0 ||
+            st.allocated_bytes[VMM_POOL_SMALL].current < 0)
+            vmm_test_failures++;
+        /* a check holds every lock for the whole walk: back to back they starve the rings
+         * (minutes under the thread sanitizer) */
+        struct timespec ts = {0, 200 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* n threads on their own streams run the ring; returns the lane-path mallocs. */
+static long long run_rings(vmm_allocator *a, int n, int rounds, int with_checker)
+{
+    ring rs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS], ctid;
+    pthread_barrier_t mid;
+    pthread_barrier_init(&mid, NULL, (unsigned)n + 1);
+    for (int i = 0; i < n; i++) {
+        memset(&rs[i], 0, sizeof rs[i]);
+        rs[i].a = a;
+        rs[i].id = (unsigned)i;
+        rs[i].rounds = rounds;
+        rs[i].mid = &mid;
+        CHECK_OK(vmm_sim_stream_create(a, &rs[i].s));
+    }
+    atomic_store(&stop_checker, 0);
+    if (with_checker)
+        CHECK(pthread_create(&ctid, NULL, checker, a) == 0);
+    for (int i = 0; i < n; i++)
+        CHECK(pthread_create(&tid[i], NULL, ring_main, &rs[i]) == 0);
+    pthread_barrier_wait(&mid);
+    check_disjoint(a, rs, n);
+    /* live counters while the rings are full: exact currents once folded */
+    vmm_stats st = stats(a);
+    long long live = 0, bytes = 0;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < LIVE; i++)
+            if (rs[t].held[i]) {
+                live++;
+                bytes += (long long)vmm_usable_size(a, rs[t].held[i]);
+            }
+    /* thread-cached blocks count as freed, so the live blocks are all there is */
+    CHECK_EQ(st.allocated_bytes[VMM_POOL_ALL].current, bytes);
+    CHECK_EQ(st.allocation[VMM_POOL_ALL].current, live);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].peak >= st.allocated_bytes[VMM_POOL_ALL].current);
+    CHECK_OK(vmm_check(a));
+    pthread_barrier_wait(&mid);
+    for (int i = 0; i < n; i++) {
+        pthread_join(tid[i], NULL);
+        CHECK_EQ(rs[i].errors, 0);
+    }
+    atomic_store(&stop_checker, 1);
+    if (with_checker)
+        pthread_join(ctid, NULL);
+    pthread_barrier_destroy(&mid);
+    long long lane_mallocs = json_num(a, "lanes.mallocs");
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < LIVE; k++)
+            if (rs[i].held[k])
+                CHECK_OK(vmm_free(a, rs[i].held[k]));
+        CHECK_OK(vmm_sim_stream_destroy(a, rs[i].s));
+    }
+    return lane_mallocs;
+}
+
+/* Every block freed: every counter back to zero, the pools consistent, nothing left reserved. */
+static void check_empty(vmm_allocator *a)
+{
+    CHECK_OK(vmm_empty_cache(a)); /* thread caches too */
+    vmm_stats st = stats(a);
+    CHECK_EQ(st.allocation[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.allocated_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.requested_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.inactive_split[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.inactive_split_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.allocation[VMM_POOL_ALL].allocated, st.allocation[VMM_POOL_ALL].freed);
+    CHECK_EQ(st.allocated_bytes[VMM_POOL_SMALL].allocated, st.allocated_bytes[VMM_POOL_SMALL].freed);
+    CHECK_EQ(st.reserved_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_OK(vmm_check(a));
+}
+
+/* One thread: lanes stay closed, everything as before them. */
+static void test_closed_with_one_thread(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    ring r;
+    memset(&r, 0, sizeof r);
+    r.a = a;
+    r.rounds = 5000;
+    CHECK_OK(vmm_sim_stream_create(a, &r.s));
+    ring_main(&r);
+    CHECK_EQ(r.errors, 0);
+    CHECK_EQ(json_num(a, "lanes.open"), 0);
+    CHECK_EQ(json_num(a, "lanes.mallocs"), 0);
+    for (int k = 0; k < LIVE; k++)
+        if (r.held[k])
+            CHECK_OK(vmm_free(a, r.held[k]));
+    CHECK_OK(vmm_sim_stream_destroy(a, r.s));
+    check_empty(a);
+    vmm_destroy(a);
+}
+
+/* Two and four threads, a checker beside them: the lane paths serve mallocs and frees. */
+static void test_rings(void)
+{
+    for (int n = 2; n <= MAX_THREADS; n += 2) {
+        vmm_allocator *a = NULL;
+        CHECK_OK(vmm_create(CONF, &a));
+        long long lm = run_rings(a, n, ROUNDS, 1);
+        CHECK_EQ(json_num(a, "lanes.open"), 1);
+        CHECK(lm > 0);
+        CHECK(json_num(a, "lanes.frees") > 0);
+        check_empty(a);
+        vmm_destroy(a);
+    }
+}
+
+/* Classic segments (expandable_segments:false) have lanes too. */
+static void test_rings_classic(void)
+{
+    vmm_allocator *a = NULL;
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s,expandable_segments:false", CONF);
+    CHECK_OK(vmm_create(conf, &a));
+    CHECK(run_rings(a, 2, ROUNDS / 2, 0) > 0);
+    check_empty(a);
+    vmm_destroy(a);
+}
+
+/* A pending deferred free (record_stream) sends mallocs to the allocator lock, which polls it;
+ * history (caches off for good) sends everything there. */
+static void test_lanes_step_aside(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    CHECK(run_rings(a, 2, 4000, 0) > 0);
+    CHECK_EQ(json_num(a, "lanes.open"), 1);
+    vmm_stream s1, s2;
+    CHECK_OK(vmm_sim_stream_create(a, &s1));
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    void *p = NULL, *q = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, s1, &p));
+    CHECK_OK(vmm_record_stream(a, p, s2));
+    CHECK_OK(vmm_free(a, p)); /* deferred: an event recorded on s2 */
+    long long before = json_num(a, "lanes.mallocs");
+    CHECK_OK(vmm_malloc(a, 4096, s1, &q)); /* polls the deferred free (allocator lock) */
+    CHECK_EQ(json_num(a, "lanes.mallocs"), before);
+    CHECK_OK(vmm_free(a, q));
+    CHECK_OK(vmm_record_history(a, 1000));
+    before = json_num(a, "lanes.mallocs");
+    CHECK(run_rings(a, 2, 4000, 0) == before);
+    CHECK_EQ(json_num(a, "thread_caches.on"), 0);
+    CHECK_OK(vmm_sim_synchronize(a));
+    CHECK_OK(vmm_sim_stream_destroy(a, s1));
+    CHECK_OK(vmm_sim_stream_destroy(a, s2));
+    check_empty(a);
+    vmm_destroy(a);
+}
+
+/* Destroyed with blocks live and lanes open: every page, handle and record goes (the sim counts). */
+static void test_destroy_with_lanes(void)
+{
+    vmm_sim_counters before, after;
+    vmm_sim_global_live(&before);
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    CHECK(run_rings(a, 2, 6000, 0) > 0);
+    void *p = NULL;
+    CHECK_OK(vmm_malloc(a, 8192, NULL, &p)); /* left live on purpose */
+    vmm_destroy(a);
+    vmm_sim_global_live(&after);
+    CHECK(memcmp(&before, &after, sizeof before) == 0);
+}
+
+int main(void)
+{
+    test_closed_with_one_thread();
+    test_rings();
+    test_rings_classic();
+    test_lanes_step_aside();
+    test_destroy_with_lanes();
+    TEST_DONE();
+}
