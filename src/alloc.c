@@ -214,7 +214,6 @@ static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
 {
     size_t free_b = 0, total = a->dev.total_bytes;
     vmm_tc_fold(a); /* the report's counters */
-    vmm_lanes_fold(a);
     if (a->drv->ops->mem_get_info(a->drv, &free_b, &total))
         free_b = 0;
     a->stats.num_ooms++;
@@ -485,7 +484,7 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
         return VMM_OK;
     VMM_HISTORY_CONTEXT_BEGIN(a); /* Python frames for the history, gathered before the lock */
     vmm_lock(a);
-    vmm_lanes_maybe_open(a); /* a second thread has a cache: lanes from now on */
+    vmm_lanes_update(a); /* a second thread has a cache: lanes from now on (or never again) */
     vmm_tc_fold_self(a); /* counters exact before this malloc moves them (peaks) */
     int rc = malloc_locked(a, size, stream, ptr, 0);
     if (VMM_UNLIKELY(a->cb != NULL)) {
@@ -524,8 +523,8 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     size_t trim = 0;
     if (vmm_tc_free(a, ptr, &trim))
         return VMM_OK;
-    /* the cache's bin was full: this free and the bin's trim on the block's lane (lane.c) */
-    if (trim && vmm_lane_free(a, ptr, trim))
+    /* not for the cache (or its bin was full: the bin's trim too): on the block's lane (lane.c) */
+    if (vmm_lane_free(a, ptr, trim))
         return VMM_OK;
     vmm_lock(a);
     vmm_tc_fold_self(a);

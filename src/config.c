@@ -419,6 +419,15 @@ static int f_grow_unlocked(const vmm_config *c, char *b, size_t n)
     return snprintf(b, n, "%s", c->grow_unlocked ? "true" : "false");
 }
 
+static int p_lanes(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->lanes);
+}
+static int f_lanes(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->lanes ? "true" : "false");
+}
+
 static int p_small_page(vmm_config *c, const char *key, token v)
 {
     return parse_pow2_size(key, v, &c->small_page_size);
@@ -627,6 +636,8 @@ static const option_desc options[] = {
      "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; 0 turns it off (default 4M)"},
     {"grow_unlocked", p_grow_unlocked, f_grow_unlocked,
      "true: a growth creates its physical handles with the allocator lock released, so other threads' mallocs and frees do not wait for cuMemCreate; false keeps the lock across it (default true)"},
+    {"lanes", p_lanes, f_lanes,
+     "true: once two threads use the allocator, a cached malloc or free of the small pool takes only its stream's lock (a lane), so threads on their own streams do not queue on the allocator lock; false keeps one lock (default true)"},
     {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
     {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
     {"sim_backed", p_sim_backed, f_sim_backed,
@@ -667,6 +678,7 @@ void vmm_config_defaults(vmm_config *c)
     /* 4 MiB: a few hundred of the small blocks a step frees, a rounding error of a GPU's memory */
     c->thread_cache = 4 * VMM_MiB;
     c->grow_unlocked = 1;
+    c->lanes = 1;
     vmm_sim_default_options(&c->sim);
 }
 

@@ -65,6 +65,7 @@ typedef struct vmm_config {
     size_t max_handle_size;              /* largest physical handle of the large pool (segment.c) */
     size_t thread_cache;                 /* bytes each thread may keep freed for itself; 0 off */
     int grow_unlocked;                   /* 1: growth creates handles unlocked (segment.c) */
+    int lanes;                           /* 1: per-stream locks once two threads are seen (lane.c) */
     /* sim */
     vmm_sim_options sim;
 } vmm_config;
@@ -218,12 +219,14 @@ typedef struct vmm_mempool {
 #define VMM_UNMAPPED_ROOT(a, seg)                                                              \
     ((seg)->mp ? &(seg)->mp->unmapped_tree[(seg)->pool] : &(a)->unmapped_tree[(seg)->pool])
 
-/* What a lane's path changes besides its blocks and index, kept apart from the allocator's while
- * lanes are open (lane.c) and folded into it under the allocator lock: the small pool's hot counters
+/* What a lane's path changes besides its blocks and index, kept apart from the allocator's (lane.c)
+ * and folded into them whenever the allocator lock is taken: the small pool's hot counters
  * as deltas (vmm_hot_up / vmm_hot_down on d: current is the net change, peak the highest net,
  * allocated and freed the ups and downs), mallocs (malloc_count), lane-path mallocs and frees, and
  * a cache of block records. */
 typedef struct vmm_books {
+    int in_path;               /* 1 while its lane path runs (under the lane's lock) */
+    int dirty;                 /* deltas not folded yet */
     vmm_stats d;
     uint64_t mallocs;
     uint64_t counts[2];
@@ -238,22 +241,24 @@ typedef struct vmm_fence {
 } vmm_fence;
 
 struct vmm_stream_rec {
+    /* read by other threads' lane lookups (lane.c): set before the record is linked, then fixed */
     vmm_stream stream;
     vmm_stream key;            /* lane key of its segments: the stream for tag 0, else the record's
                                 * address | 1 (never a stream pointer) */
     int tag;                   /* tag of the allocations it serves (sleep.c); 0: untagged */
-    uint64_t seq;              /* frees stamped on this stream so far */
+    vmm_stream_rec *next;
+    /* written under the allocator lock only */
     uint64_t done_seq;         /* highest sequence number proven complete by a fence */
     vmm_fence *fences, *fences_tail; /* outstanding fences, oldest first */
     int retired;               /* destroyed by the user: all its work has run, record nothing on it */
-    vmm_stream_rec *next;
+    /* ---- the lane (lane.c): its lock and what its path changes, padded off the fields above
+     * (records are not line aligned) and off the next record ---- */
+    char pad0_[64];
+    _Atomic int lock;
+    uint64_t seq;              /* frees stamped on this stream so far */
     /* mapped FREE blocks of its segments in the default pools by (size, addr): one index per lane,
      * so that a lane's best fit and merges touch nothing of another's */
     vmm_block *free_tree[VMM_NPOOLS];
-    /* ---- the lane lock (lane.c) and what its path changes; padded: records are not line aligned,
-     * and another lane's lock or the fields above are read by other threads ---- */
-    char pad0_[64];
-    _Atomic int lock;
     vmm_books bk;
     char pad1_[64];
 };
@@ -372,6 +377,12 @@ struct vmm_allocator {
     int lanes_open;                    /* the same for lock holders: the allocator lock takes every
                                         * lane's, small-pool counters go to lanes' books */
     uint64_t lane_counts[2];           /* folded lane-path mallocs and frees (stats JSON) */
+    pthread_t lock_owner;              /* lane.c: the thread that last took the allocator lock to
+                                        * malloc, until lanes open (a second thread opens them) */
+    int lock_owner_set;
+    int shards_locked;                 /* live shards of the large pool take their locks too: set
+                                        * when lanes open, never cleared (a lane path that saw
+                                        * lanes_on may probe them after lanes closed) */
     vmm_live_shard live[VMM_LIVE_SHARDS];
 };
 
@@ -507,6 +518,8 @@ void vmm_live_free_table(vmm_allocator *a);
 /* Lookup without the allocator lock (thread caches): the block at addr, thread-cached or not, or
  * NULL. Holds the shard's lock for the probe only. */
 vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr);
+/* The same in the large pool's shards, whose locks are taken while lanes are open (lane.c). */
+vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr);
 /* Every block in the live table, thread-cached ones included (allocator lock held). */
 #define VMM_LIVE_FOREACH(a, b)                                                                 \
     for (size_t vmm_s_ = 0; vmm_s_ < VMM_LIVE_SHARDS; vmm_s_++)                               \
@@ -737,13 +750,11 @@ size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc);
  * its warm blocks. Returns the bytes given back. */
 size_t vmm_tc_trim_self(vmm_allocator *a, size_t size);
 /* Lane s's lock held (lane.c), not the allocator's: the older half of the calling thread's blocks
- * of lane s in its bin of `size`-byte blocks back to their pool; no deltas folded. Returns the
- * bytes given back. */
-size_t vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s);
+ * of lane s in its bin of `size`-byte blocks back to their pool; no deltas folded. Returns 0 when
+ * the bin holds only other lanes' blocks (the allocator trims those), else 1. */
+int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s);
 /* Lane s's lock held, not the allocator's: vmm_tc_give_fit without folding deltas. */
 size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s);
-/* Caches made for a (allocator lock held). */
-size_t vmm_tc_caches(const vmm_allocator *a);
 /* Allocator lock held: the calling thread's smallest cached block of lane s at least `size` bytes
  * back to its pool (a malloc that found no fit: one block, the least disturbance). Returns its
  * size, 0 when the cache has none. */
@@ -751,6 +762,8 @@ size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s);
 /* Allocator lock held: caches off for good, drained: sleep, IPC, tags, private pools, history and
  * callbacks need every malloc and free to pass under the allocator lock. */
 void vmm_tc_off(vmm_allocator *a);
+/* Off for good (vmm_tc_off; not a pause). */
+int vmm_tc_disabled(const vmm_allocator *a);
 int vmm_tc_on(const vmm_allocator *a);
 /* Allocator lock held: caches drained and off until vmm_tc_resume (with pause's return), so that
  * the caller sees one state no thread changes meanwhile (vmm_check, snapshots). */
@@ -836,25 +849,25 @@ void vmm_cb_destroy(vmm_allocator *a);
 /* ---- lane.c: per-lane locks --------------------------------------------------------------- */
 
 /* While lanes are open, the allocator lock holds every lane's lock too (vmm_lock / vmm_unlock call
- * these with the allocator's own lock held). */
+ * these with the allocator's own lock held); taking them folds the lanes' books into the
+ * allocator's counters, so every holder of the allocator lock sees them up to date. */
 void vmm_lanes_lock_all(vmm_allocator *a);
 void vmm_lanes_unlock_all(vmm_allocator *a);
-/* Allocator lock held: open the lanes once a second thread has a cache of a (no-op otherwise, or
- * when already open). */
-void vmm_lanes_maybe_open(vmm_allocator *a);
-/* Allocator lock held: every lane's books folded into the allocator's counters (stats readers). */
-void vmm_lanes_fold(vmm_allocator *a);
+/* Allocator lock held (malloc): open the lanes once a second thread mallocs; close them for good
+ * once thread caches are off for good (no lane path could run: the allocator lock stops taking
+ * their locks). No-op otherwise. */
+void vmm_lanes_update(vmm_allocator *a);
 /* Lane paths, allocator lock NOT held: 1 when done on the stream's lane with its lock only, 0 when
  * the allocator must do it (nothing changed). malloc: a cached block of the small pool; free: the
  * block at ptr, which the thread cache passed on because its bin is full, and the older half of
  * that bin's blocks of the same lane (trim: the bin's block size). */
 int vmm_lane_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr);
 int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim);
-/* The books a segment's blocks change: its lane's while lanes are open (small pool, default
- * pools), else NULL (the allocator's own counters and record cache). */
+/* The books a segment's blocks change: its lane's while that lane's path runs, else NULL (the
+ * allocator's own counters and record cache: under the allocator lock). */
 static inline vmm_books *vmm_books_of(const vmm_allocator *a, const vmm_segment *seg)
 {
-    return VMM_UNLIKELY(a->lanes_open) && seg->pool == VMM_SMALL && !seg->mp ? &seg->srec->bk : NULL;
+    return VMM_UNLIKELY(a->lanes_open) && seg->srec->bk.in_path ? &seg->srec->bk : NULL;
 }
 
 #endif /* VMM_INTERNAL_H */

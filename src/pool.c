@@ -324,12 +324,20 @@ static void live_unreserve(vmm_allocator *a, uintptr_t addr, int pool);
 
 static int is_split(const vmm_block *b) { return b->prev || b->next; }
 
-/* Where a segment's blocks count: its lane's deltas while lanes are open (lane.c), else the
+/* Where a segment's blocks count: its lane's deltas while its lane path runs (lane.c), else the
  * allocator's counters. */
 static inline vmm_stats *stats_of(vmm_allocator *a, const vmm_segment *seg)
 {
     vmm_books *bk = vmm_books_of(a, seg);
     return bk ? &bk->d : &a->stats;
+}
+
+/* Where a segment's block records are recycled: its lane's cache while lanes are open, whoever
+ * splits or merges (the allocator lock holds every lane's), so that the records a lane's frees
+ * give back serve its mallocs; the allocator's otherwise. */
+static inline vmm_books *rec_books(vmm_allocator *a, const vmm_segment *seg)
+{
+    return VMM_UNLIKELY(a->lanes_open) && !seg->mp ? &seg->srec->bk : NULL;
 }
 
 void vmm_pool_insert(vmm_allocator *a, vmm_block *b)
@@ -400,7 +408,7 @@ void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)
 
 vmm_block *vmm_block_split(vmm_allocator *a, vmm_block *b, size_t size)
 {
-    vmm_block *r = block_pop(a, vmm_books_of(a, b->seg));
+    vmm_block *r = block_pop(a, rec_books(a, b->seg));
     if (r) {
         block_init(r, 0, 0, NULL, NULL, NULL, 0, 0);
         vmm_block_split_into(b, r, size);
@@ -419,7 +427,7 @@ static void absorb_next(vmm_allocator *a, vmm_block *b, vmm_block *n)
         b->free_seq = n->free_seq;
     if (n->gc_stamp > b->gc_stamp)
         b->gc_stamp = n->gc_stamp;
-    block_drop(a, vmm_books_of(a, b->seg), n);
+    block_drop(a, rec_books(a, b->seg), n);
 }
 
 vmm_block *vmm_block_merge(vmm_allocator *a, vmm_block *b)
@@ -454,12 +462,11 @@ static int should_split(const vmm_allocator *a, const vmm_block *b, size_t size)
  * peak as erase + insert, two stat updates fewer on the hot path. */
 static vmm_block *carve_front(vmm_allocator *a, vmm_block *b, size_t size)
 {
-    vmm_books *bk = vmm_books_of(a, b->seg);
-    vmm_block *f = block_pop(a, bk);
+    vmm_block *f = block_pop(a, rec_books(a, b->seg));
     if (VMM_UNLIKELY(!f))
         return NULL;
     int pool = b->seg->pool;
-    vmm_stats *st = bk ? &bk->d : &a->stats;
+    vmm_stats *st = stats_of(a, b->seg);
     int was_split = is_split(b);
     /* one initialisation of the whole record (vmm_block_new would clear it first) */
     block_init(f, b->addr, size, b->seg, b->prev, b, b->free_seq, b->gc_stamp);
@@ -598,15 +605,14 @@ static int merge_in_place(vmm_allocator *a, vmm_block *b, vmm_block *keep)
     if (b->gc_stamp > keep->gc_stamp)
         keep->gc_stamp = b->gc_stamp;
     /* keep was split (b is its neighbour): net stat change, as in carve_front */
-    vmm_books *bk = vmm_books_of(a, b->seg);
-    vmm_stats *st = bk ? &bk->d : &a->stats;
+    vmm_stats *st = stats_of(a, b->seg);
     if (is_split(keep)) {
         vmm_hot_up(st->inactive_split_bytes, pool, (int64_t)b->size);
     } else {
         vmm_hot_down(st->inactive_split, pool, 1);
         vmm_hot_down(st->inactive_split_bytes, pool, (int64_t)old_size);
     }
-    block_drop(a, bk, b);
+    block_drop(a, rec_books(a, b->seg), b);
     return 1;
 }
 
@@ -635,35 +641,37 @@ void vmm_pool_release(vmm_allocator *a, vmm_block *b)
 
 _Static_assert((VMM_LIVE_SHARDS & (VMM_LIVE_SHARDS - 1)) == 0, "shard count: a power of two");
 enum {
-    /* shards [0, HALF) hold small-pool blocks, shard HALF the large-pool ones. Only small blocks
-     * can be thread-cached, so only their shards are probed without the allocator lock and need
-     * their own lock: large-pool mallocs and frees, most of what a training step does under the
-     * allocator lock, then make no extra atomic read-modify-write (6 per pair cost ~40 ns). The
-     * shards above HALF stay unused. */
+    /* shards [0, HALF) hold small-pool blocks, [HALF, 2 HALF) the large-pool ones. Only small
+     * blocks can be thread-cached, so only their shards are probed without the allocator lock and
+     * always need their own lock; the large pool's need it only while lanes are open (lane.c):
+     * with one lock, large-pool mallocs and frees (most of what a training step does) make no
+     * extra atomic read-modify-write (6 per pair cost ~40 ns). */
     LIVE_HALF = VMM_LIVE_SHARDS / 2,
     LIVE_SHARD_SHIFT = 64 - __builtin_ctz(LIVE_HALF), /* top bits of the hash pick one in a half */
 };
 
-/* Shard of a small-pool pointer: its 2 MiB region hashed (Fibonacci hashing), so one segment's
- * blocks spread over few shards and two streams' segments seldom share one. */
+/* Shard of a pointer of `pool`: its 2 MiB region hashed (Fibonacci hashing) into the pool's half,
+ * so one segment's blocks spread over few shards and two streams' segments seldom share one. */
 static inline size_t live_shard_of(uintptr_t addr, int pool)
 {
-    if (pool != VMM_SMALL)
-        return LIVE_HALF; /* one table, as before shards: no lock, no second probe sequence */
-    return (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+    size_t s = (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+    return pool == VMM_SMALL ? s : LIVE_HALF + s;
 }
 
-static inline int live_locked(size_t shard) { return shard < LIVE_HALF; }
-
-static inline void shard_lock(vmm_live_shard *sh, size_t s)
+static inline int live_locked(const vmm_allocator *a, size_t shard)
 {
-    if (live_locked(s))
+    return shard < LIVE_HALF || a->shards_locked;
+}
+
+static inline void shard_lock(const vmm_allocator *a, vmm_live_shard *sh, size_t s)
+{
+    if (live_locked(a, s))
         vmm_mutex_lock(&sh->lock);
 }
 
-static inline void shard_unlock(vmm_live_shard *sh, size_t s)
+static inline void shard_unlock(const vmm_allocator *a, vmm_live_shard *sh, size_t s)
 {
-    if (live_locked(s))
+    if (live_locked(a, s))
         vmm_mutex_unlock(&sh->lock);
 }
 
@@ -688,7 +696,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
     size_t s = live_shard_of(addr, pool);
     vmm_live_shard *sh = &a->live[s];
-    int held = a->lanes_open && live_locked(s);
+    int held = a->lanes_open;
     if (held)
         vmm_mutex_lock(&sh->lock);
     int rc = VMM_OK;
@@ -704,11 +712,11 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
             vmm_live_slot *old = sh->t;
             size_t old_cap = sh->cap;
             if (!held)
-                shard_lock(sh, s);
+                shard_lock(a, sh, s);
             sh->t = nt;
             sh->cap = ncap;
             if (!held)
-                shard_unlock(sh, s);
+                shard_unlock(a, sh, s);
             if (old)
                 vmm_meta_free(a->meta, old, old_cap * sizeof *old);
         }
@@ -725,7 +733,7 @@ static void live_unreserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
     size_t s = live_shard_of(addr, pool);
     vmm_live_shard *sh = &a->live[s];
-    int held = a->lanes_open && live_locked(s);
+    int held = a->lanes_open;
     if (held)
         vmm_mutex_lock(&sh->lock);
     sh->reserved--;
@@ -738,11 +746,11 @@ static void live_put_block(vmm_allocator *a, vmm_block *b)
 {
     size_t s = live_shard_of(b->addr, b->seg->pool);
     vmm_live_shard *sh = &a->live[s];
-    shard_lock(sh, s);
+    shard_lock(a, sh, s);
     live_put(sh->t, sh->cap, b->addr, b);
     sh->n++;
     sh->reserved--;
-    shard_unlock(sh, s);
+    shard_unlock(a, sh, s);
 }
 
 int vmm_live_insert(vmm_allocator *a, vmm_block *b)
@@ -812,6 +820,17 @@ vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
     return found;
 }
 
+vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr)
+{
+    size_t s = live_shard_of(addr, VMM_LARGE);
+    vmm_live_shard *sh = &a->live[s];
+    shard_lock(a, sh, s);
+    size_t i = shard_find(sh, addr);
+    vmm_block *found = i == SIZE_MAX ? NULL : sh->t[i].blk;
+    shard_unlock(a, sh, s);
+    return found;
+}
+
 void vmm_live_remove(vmm_allocator *a, vmm_block *b)
 {
     size_t s = live_shard_of(b->addr, b->seg->pool);
@@ -845,21 +864,21 @@ void vmm_live_remove_at(vmm_allocator *a, size_t slot)
 {
     size_t s = slot % VMM_LIVE_SHARDS;
     vmm_live_shard *sh = &a->live[s];
-    shard_lock(sh, s);
+    shard_lock(a, sh, s);
     shard_remove(sh, slot / VMM_LIVE_SHARDS);
-    shard_unlock(sh, s);
+    shard_unlock(a, sh, s);
 }
 
 int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b)
 {
     size_t s = live_shard_of(addr, b->seg->pool);
     vmm_live_shard *sh = &a->live[s];
-    shard_lock(sh, s);
+    shard_lock(a, sh, s);
     size_t i = shard_find(sh, addr);
     int ok = i != SIZE_MAX && sh->t[i].blk == b && !b->tcached;
     if (ok)
         shard_remove(sh, i);
-    shard_unlock(sh, s);
+    shard_unlock(a, sh, s);
     return ok;
 }
 

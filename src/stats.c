@@ -53,7 +53,6 @@ VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out)
         return vmm_fail(VMM_EINVAL, "vmm_get_stats: NULL argument");
     vmm_lock(a);
     vmm_tc_fold(a); /* what threads' caches did since the last fold */
-    vmm_lanes_fold(a); /* and lanes */
     fill_stats(a, out);
     vmm_unlock(a);
     return VMM_OK;
@@ -85,7 +84,6 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
         return vmm_fail(VMM_EINVAL, "vmm_reset_stats: allocator is NULL");
     vmm_lock(a);
     vmm_tc_fold(a);
-    vmm_lanes_fold(a);
     vmm_stats *s = &a->stats, d;
     vmm_stats_derive(a, &d);
     /* peaks restart from the derived currents; the stored ones may be partial (vmm_hot_up) */
@@ -150,7 +148,6 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     vmm_stats s;
     vmm_lock(a);
     vmm_tc_fold(a);
-    vmm_lanes_fold(a);
     fill_stats(a, &s);
     vmm_sim_counters c;
     int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
@@ -516,7 +513,6 @@ VMM_API int vmm_check(vmm_allocator *a)
         return vmm_fail(VMM_EINVAL, "vmm_check: allocator is NULL");
     vmm_lock(a);
     int tc = vmm_tc_pause(a); /* one state: cached blocks back in their pools, no fast path */
-    vmm_lanes_fold(a);
     int m = vmm_capture_relax(a); /* lookup_mapping is an unsafe call while capturing (driver.h) */
     int rc = check_locked(a);
     vmm_tc_resume(a, tc);

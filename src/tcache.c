@@ -65,6 +65,7 @@ struct vmm_tcache {
 struct vmm_tc_state {
     /* read by every fast path: this line is written only by vmm_tc_off / pause / resume */
     _Alignas(64) _Atomic int on;        /* fast paths allowed */
+    int off;                            /* off for good (vmm_tc_off): lane.c closes its lanes */
     uint64_t id;                        /* unique per vmm_create: tells a thread's slot for a
                                          * destroyed allocator from one at the same address */
     size_t cap_bytes;                   /* thread_cache key: most bytes one cache holds */
@@ -566,7 +567,7 @@ size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
 }
 
 
-size_t vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
+int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
 {
     vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
     if (!tc || size > TC_MAX_SIZE || size < TC_STEP)
@@ -577,19 +578,11 @@ size_t vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
     uint32_t n = 0;
     for (uint32_t i = 0; i < bin->n; i++)
         n += bin->key[i] == s;
-    size_t given = 0;
-    for (n = (n + 1) / 2; n--;) {
-        vmm_block *b = bin_take(tc, bin, (uint32_t)bin_find(bin, s, 1));
-        given += b->size;
-        a->tcs->release(a, b);
-    }
+    int ok = n > 0 || bin->n == 0;
+    for (n = (n + 1) / 2; n--;)
+        a->tcs->release(a, bin_take(tc, bin, (uint32_t)bin_find(bin, s, 1)));
     vmm_mutex_unlock(&tc->lock);
-    return given;
-}
-
-size_t vmm_tc_caches(const vmm_allocator *a)
-{
-    return a->tcs ? a->tcs->n : 0;
+    return ok;
 }
 
 size_t vmm_tc_drain(vmm_allocator *a, int self_only)
@@ -611,7 +604,13 @@ void vmm_tc_off(vmm_allocator *a)
     if (!a->tcs || !atomic_load_explicit(&a->tcs->on, memory_order_relaxed))
         return;
     atomic_store_explicit(&a->tcs->on, 0, memory_order_relaxed);
+    a->tcs->off = 1;
     vmm_tc_drain(a, 0);
+}
+
+int vmm_tc_disabled(const vmm_allocator *a)
+{
+    return a->tcs && a->tcs->off;
 }
 
 int vmm_tc_pause(vmm_allocator *a)

@@ -43,6 +43,8 @@ typedef struct ring {
     vmm_stream s;
     unsigned id;
     int rounds;
+    int live;              /* ring length, at most LIVE */
+    int big;               /* sizes of the large pool (1 .. 8 MiB) instead of 512 B .. 64 KiB */
     void *held[LIVE];
     size_t size[LIVE];
     int errors;
@@ -62,12 +64,12 @@ static void ring_run(ring *r, int rounds, uint64_t *x, size_t *h)
     for (int i = 0; i < rounds; i++) {
         if (r->held[*h] && vmm_free(r->a, r->held[*h]))
             r->errors++;
-        size_t sz = ring_size(x);
+        size_t sz = r->big ? ring_size(x) * 128 + (*x >> 50) * 512 : ring_size(x);
         r->held[*h] = NULL;
         if (vmm_malloc(r->a, sz, r->s, &r->held[*h]) || !r->held[*h])
             r->errors++;
         r->size[*h] = sz;
-        *h = (*h + 1) % LIVE;
+        *h = (*h + 1) % (size_t)r->live;
     }
 }
 
@@ -138,7 +140,7 @@ static void *checker(void *arg)
 }
 
 /* n threads on their own streams run the ring; returns the lane-path mallocs. */
-static long long run_rings(vmm_allocator *a, int n, int rounds, int with_checker)
+static long long run_rings_ex(vmm_allocator *a, int n, int rounds, int with_checker, int big)
 {
     ring rs[MAX_THREADS];
     pthread_t tid[MAX_THREADS], ctid;
@@ -149,6 +151,8 @@ static long long run_rings(vmm_allocator *a, int n, int rounds, int with_checker
         rs[i].a = a;
         rs[i].id = (unsigned)i;
         rs[i].rounds = rounds;
+        rs[i].big = big;
+        rs[i].live = big ? 16 : LIVE;
         rs[i].mid = &mid;
         CHECK_OK(vmm_sim_stream_create(a, &rs[i].s));
     }
@@ -192,6 +196,11 @@ static long long run_rings(vmm_allocator *a, int n, int rounds, int with_checker
     return lane_mallocs;
 }
 
+static long long run_rings(vmm_allocator *a, int n, int rounds, int with_checker)
+{
+    return run_rings_ex(a, n, rounds, with_checker, 0);
+}
+
 /* Every block freed: every counter back to zero, the pools consistent, nothing left reserved. */
 static void check_empty(vmm_allocator *a)
 {
@@ -217,6 +226,7 @@ static void test_closed_with_one_thread(void)
     memset(&r, 0, sizeof r);
     r.a = a;
     r.rounds = 5000;
+    r.live = LIVE;
     CHECK_OK(vmm_sim_stream_create(a, &r.s));
     ring_main(&r);
     CHECK_EQ(r.errors, 0);
@@ -238,6 +248,90 @@ static void test_rings(void)
         CHECK_OK(vmm_create(CONF, &a));
         long long lm = run_rings(a, n, ROUNDS, 1);
         CHECK_EQ(json_num(a, "lanes.open"), 1);
+        CHECK(lm > 0);
+        CHECK(json_num(a, "lanes.frees") > 0);
+        check_empty(a);
+        vmm_destroy(a);
+    }
+}
+
+static void *touch_main(void *arg)
+{
+    vmm_allocator *a = arg;
+    void *p = NULL;
+    if (vmm_malloc(a, 4096, NULL, &p) == VMM_OK) /* this thread's cache: the second */
+        vmm_free(a, p);
+    return NULL;
+}
+
+/* Lanes opened by a thread that then went away; one thread goes on, through its lane and the
+ * allocator lock in turn (blocks over the thread cache's 64 KiB, and its own cached ones): the
+ * counters, peaks included, are exact as with one lock. */
+static void test_one_thread_after_open(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *first = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &first)); /* the main thread's cache */
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, touch_main, a) == 0);
+    pthread_join(t, NULL);
+    CHECK_OK(vmm_free(a, first));
+    CHECK_OK(vmm_malloc(a, 512 << 10, NULL, &first)); /* the allocator lock: lanes open */
+    CHECK_EQ(json_num(a, "lanes.open"), 1);
+    enum { N = 100 };
+    void *p[N];
+    for (int round = 0; round < 3; round++) {
+        vmm_stats st0 = stats(a);
+        for (int i = 0; i < N; i++)
+            CHECK_OK(vmm_malloc(a, (size_t)(512 << 10) + (size_t)(i % 3) * 4096, NULL, &p[i]));
+        vmm_stats st1 = stats(a);
+        int64_t want = 0;
+        for (int i = 0; i < N; i++)
+            want += (int64_t)vmm_usable_size(a, p[i]);
+        CHECK_EQ(st1.allocated_bytes[VMM_POOL_SMALL].current,
+                 st0.allocated_bytes[VMM_POOL_SMALL].current + want);
+        for (int i = 0; i < N; i++)
+            CHECK_OK(vmm_free(a, p[i]));
+        vmm_stats st2 = stats(a);
+        int64_t top = st0.allocated_bytes[VMM_POOL_SMALL].current + want;
+        CHECK_EQ(st2.allocated_bytes[VMM_POOL_SMALL].current, st0.allocated_bytes[VMM_POOL_SMALL].current);
+        CHECK_EQ(st2.allocated_bytes[VMM_POOL_SMALL].peak,
+                 top > st0.allocated_bytes[VMM_POOL_SMALL].peak ? top : st0.allocated_bytes[VMM_POOL_SMALL].peak);
+        CHECK_EQ(st2.allocation[VMM_POOL_SMALL].peak, st0.allocation[VMM_POOL_SMALL].current + N >
+                 st0.allocation[VMM_POOL_SMALL].peak ? st0.allocation[VMM_POOL_SMALL].current + N
+                                                     : st0.allocation[VMM_POOL_SMALL].peak);
+        CHECK(st2.active_bytes[VMM_POOL_SMALL].peak >= top);
+    }
+    CHECK(json_num(a, "lanes.mallocs") >= N); /* rounds 2 and 3 found their blocks in the lane */
+    CHECK_OK(vmm_free(a, first));
+    check_empty(a);
+    vmm_destroy(a);
+}
+
+/* lanes:false keeps one lock however many threads there are. */
+static void test_lanes_off(void)
+{
+    vmm_allocator *a = NULL;
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s,lanes:false", CONF);
+    CHECK_OK(vmm_create(conf, &a));
+    CHECK_EQ(run_rings(a, 2, 4000, 0), 0);
+    CHECK_EQ(json_num(a, "lanes.open"), 0);
+    CHECK(json_num(a, "thread_caches.count") >= 1);
+    check_empty(a);
+    vmm_destroy(a);
+}
+
+/* Blocks of the large pool (1 .. 8 MiB) take their lanes too, in both segment modes. */
+static void test_rings_large(void)
+{
+    for (int classic = 0; classic < 2; classic++) {
+        vmm_allocator *a = NULL;
+        char conf[256];
+        snprintf(conf, sizeof conf, "%s,expandable_segments:%s", CONF, classic ? "false" : "true");
+        CHECK_OK(vmm_create(conf, &a));
+        long long lm = run_rings_ex(a, 2, 6000, !classic, 1);
         CHECK(lm > 0);
         CHECK(json_num(a, "lanes.frees") > 0);
         check_empty(a);
@@ -280,6 +374,7 @@ static void test_lanes_step_aside(void)
     before = json_num(a, "lanes.mallocs");
     CHECK(run_rings(a, 2, 4000, 0) == before);
     CHECK_EQ(json_num(a, "thread_caches.on"), 0);
+    CHECK_EQ(json_num(a, "lanes.open"), 0); /* closed for good: the allocator lock takes no lane's */
     CHECK_OK(vmm_sim_synchronize(a));
     CHECK_OK(vmm_sim_stream_destroy(a, s1));
     CHECK_OK(vmm_sim_stream_destroy(a, s2));
@@ -307,6 +402,9 @@ int main(void)
     test_closed_with_one_thread();
     test_rings();
     test_rings_classic();
+    test_rings_large();
+    test_lanes_off();
+    test_one_thread_after_open();
     test_lanes_step_aside();
     test_destroy_with_lanes();
     TEST_DONE();
