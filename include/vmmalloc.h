@@ -115,6 +115,12 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  * go back to their pool (where they merge) before this thread maps new memory, before any OOM, on
  * vmm_empty_cache, vmm_check and snapshots, and when the thread exits. Caches turn off for
  * good once history is recorded or tags, sleep, IPC, private pools or callbacks are used.
+ *
+ * Lanes (config key lanes, default true): once a second thread mallocs, a malloc the thread cache
+ * missed and a free it did not keep take only their stream's lock when cached memory serves them
+ * (a block that fits; a block with no vmm_record_stream use or group), so threads on their own
+ * streams do not queue on the allocator's lock. Anything else takes it as before. They turn off
+ * for good with the thread caches.
  */
 VMM_API int vmm_free(vmm_allocator *a, void *ptr);
 
@@ -212,7 +218,9 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative);
  * Write the stats as one flat JSON object into buf (NUL-terminated), with PyTorch's key names
  * ("allocated_bytes.all.current", "num_ooms", ...) plus vmmalloc's own ("num_event_waits",
  * "mapped_bytes.all.current", "metadata_bytes", "thread_caches.*", "growths_unlocked" (growths that
- * made their driver calls with the allocator lock released), ...) and, on a simulated device,
+ * made their driver calls with the allocator lock released), "lanes.open", "lanes.mallocs" and
+ * "lanes.frees" (per-stream locks open, and the mallocs and frees done under one; see vmm_free),
+ * ...) and, on a simulated device,
  * "sim.device_syncs", "sim.stream_syncs", "sim.driver_time_ns" and "sim.calls.<kind>".
  * Returns the length written (> 0) on success, VMM_ERANGE when len is too small (the output is
  * truncated but terminated), VMM_EINVAL for bad arguments.

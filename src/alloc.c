@@ -56,21 +56,6 @@ void vmm_mutex_wake(_Atomic int *w)
     syscall(SYS_futex, (int *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* While lanes are open (lane.c) the allocator lock holds every lane's lock too. */
-void vmm_lock(vmm_allocator *a)
-{
-    vmm_mutex_lock(&a->lock);
-    if (VMM_UNLIKELY(a->lanes_open))
-        vmm_lanes_lock_all(a);
-}
-
-void vmm_unlock(vmm_allocator *a)
-{
-    if (VMM_UNLIKELY(a->lanes_open))
-        vmm_lanes_unlock_all(a);
-    vmm_mutex_unlock(&a->lock);
-}
-
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 /* ---- create / destroy --------------------------------------------------------------------- */
@@ -156,6 +141,8 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
         rc = vmm_ipc_setup(a);
     if (!rc)
         rc = vmm_tc_setup(a, a->cfg.thread_cache, a->cfg.pow2_divisions[0] <= 1, tc_release);
+    if (!rc)
+        vmm_lanes_setup(a);
     if (rc) {
         if (a->drv)
             a->drv->ops->close(a->drv);
@@ -480,11 +467,11 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
     if (vmm_tc_malloc(a, size, stream, ptr))
         return VMM_OK;
     /* missed: the stream's lane, whose lock other streams' threads do not need (lane.c) */
-    if (vmm_lane_malloc(a, size, stream, ptr))
+    if (VMM_UNLIKELY(vmm_lanes_on(a)) && vmm_lane_malloc(a, size, stream, ptr))
         return VMM_OK;
     VMM_HISTORY_CONTEXT_BEGIN(a); /* Python frames for the history, gathered before the lock */
     vmm_lock(a);
-    vmm_lanes_update(a); /* a second thread has a cache: lanes from now on (or never again) */
+    vmm_lanes_update(a); /* a second thread mallocs: lanes from now on (or never again) */
     vmm_tc_fold_self(a); /* counters exact before this malloc moves them (peaks) */
     int rc = malloc_locked(a, size, stream, ptr, 0);
     if (VMM_UNLIKELY(a->cb != NULL)) {
@@ -524,7 +511,7 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     if (vmm_tc_free(a, ptr, &trim))
         return VMM_OK;
     /* not for the cache (or its bin was full: the bin's trim too): on the block's lane (lane.c) */
-    if (vmm_lane_free(a, ptr, trim))
+    if (VMM_UNLIKELY(vmm_lanes_on(a)) && vmm_lane_free(a, ptr, trim))
         return VMM_OK;
     vmm_lock(a);
     vmm_tc_fold_self(a);

@@ -380,6 +380,7 @@ struct vmm_allocator {
     pthread_t lock_owner;              /* lane.c: the thread that last took the allocator lock to
                                         * malloc, until lanes open (a second thread opens them) */
     int lock_owner_set;
+    int lanes_watch;                   /* lanes may still open (vmm_lanes_update) */
     int shards_locked;                 /* live shards of the large pool take their locks too: set
                                         * when lanes open, never cleared (a lane path that saw
                                         * lanes_on may probe them after lanes closed) */
@@ -700,8 +701,6 @@ void vmm_mempool_destroy_all(vmm_allocator *a);
 
 /* ---- alloc.c ------------------------------------------------------------------------------ */
 
-void vmm_lock(vmm_allocator *a);
-void vmm_unlock(vmm_allocator *a);
 /* The futex mutex behind vmm_lock, for other locks (live shards, thread caches). Word: 0 free,
  * 1 held, 2 held with sleepers. The fast paths are inline: one RMW each way. */
 void vmm_mutex_lock_slow(_Atomic int *w);
@@ -853,10 +852,19 @@ void vmm_cb_destroy(vmm_allocator *a);
  * allocator's counters, so every holder of the allocator lock sees them up to date. */
 void vmm_lanes_lock_all(vmm_allocator *a);
 void vmm_lanes_unlock_all(vmm_allocator *a);
+/* vmm_create, configuration loaded: whether lanes may open. */
+void vmm_lanes_setup(vmm_allocator *a);
 /* Allocator lock held (malloc): open the lanes once a second thread mallocs; close them for good
  * once thread caches are off for good (no lane path could run: the allocator lock stops taking
- * their locks). No-op otherwise. */
-void vmm_lanes_update(vmm_allocator *a);
+ * their locks). No-op otherwise: inline for one thread's malloc, which makes it every time. */
+void vmm_lanes_update_slow(vmm_allocator *a);
+static inline void vmm_lanes_update(vmm_allocator *a)
+{
+    if (VMM_LIKELY(!a->lanes_open) &&
+        (!a->lanes_watch || (a->lock_owner_set && pthread_equal(a->lock_owner, pthread_self()))))
+        return;
+    vmm_lanes_update_slow(a);
+}
 /* Lane paths, allocator lock NOT held: 1 when done on the stream's lane with its lock only, 0 when
  * the allocator must do it (nothing changed). malloc: a cached block of the small pool; free: the
  * block at ptr, which the thread cache passed on because its bin is full, and the older half of
@@ -868,6 +876,30 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim);
 static inline vmm_books *vmm_books_of(const vmm_allocator *a, const vmm_segment *seg)
 {
     return VMM_UNLIKELY(a->lanes_open) && seg->srec->bk.in_path ? &seg->srec->bk : NULL;
+}
+
+/* ---- the allocator lock (alloc.c's futex mutex; lane.c's lanes) ---------------------------- */
+
+/* While lanes are open the allocator lock holds every lane's lock too. Inline: one branch more
+ * than the mutex alone on the one-thread path, which takes it twice per malloc + free pair. */
+static inline void vmm_lock(vmm_allocator *a)
+{
+    vmm_mutex_lock(&a->lock);
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_lock_all(a);
+}
+
+static inline void vmm_unlock(vmm_allocator *a)
+{
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_unlock_all(a);
+    vmm_mutex_unlock(&a->lock);
+}
+
+/* Lane paths may run (a relaxed peek; the lane functions read it again with acquire). */
+static inline int vmm_lanes_on(const vmm_allocator *a)
+{
+    return atomic_load_explicit(&a->lanes_on, memory_order_relaxed);
 }
 
 #endif /* VMM_INTERNAL_H */

@@ -53,9 +53,17 @@ void vmm_lanes_unlock_all(vmm_allocator *a)
         vmm_mutex_unlock(&r->lock);
 }
 
-void vmm_lanes_update(vmm_allocator *a)
+void vmm_lanes_setup(vmm_allocator *a)
 {
-    if (a->lanes_open && vmm_tc_disabled(a)) {
+    /* lanes need the thread caches: their `on` flag says when every call must take the lock */
+    a->lanes_watch = a->cfg.lanes && a->cfg.thread_cache > 0;
+}
+
+void vmm_lanes_update_slow(vmm_allocator *a)
+{
+    if (a->lanes_open) {
+        if (!vmm_tc_disabled(a))
+            return;
         /* caches off for good (history, tags, IPC, ...): no lane path can run again, so the
          * allocator lock stops taking lane locks. Ours are released now (their books were folded
          * as vmm_lock took them); a lane path waiting for one finds the caches off and leaves. */
@@ -64,8 +72,14 @@ void vmm_lanes_update(vmm_allocator *a)
         vmm_lanes_unlock_all(a);
         return;
     }
-    if (a->lanes_open || !a->cfg.lanes || !vmm_tc_on(a))
+    if (!a->lanes_watch)
         return;
+    if (vmm_tc_disabled(a)) {
+        a->lanes_watch = 0; /* never, then */
+        return;
+    }
+    if (!vmm_tc_on(a))
+        return; /* paused (vmm_check, snapshot): next time */
     pthread_t me = pthread_self();
     if (!a->lock_owner_set || pthread_equal(a->lock_owner, me)) {
         a->lock_owner = me; /* one thread so far: one lock serves it best */
@@ -77,6 +91,7 @@ void vmm_lanes_update(vmm_allocator *a)
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
         atomic_store_explicit(&r->lock, 1, memory_order_relaxed);
     a->lanes_open = 1;
+    a->lanes_watch = 0;
     a->shards_locked = 1;
     atomic_store_explicit(&a->lanes_on, 1, memory_order_release);
 }

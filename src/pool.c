@@ -643,19 +643,34 @@ _Static_assert((VMM_LIVE_SHARDS & (VMM_LIVE_SHARDS - 1)) == 0, "shard count: a p
 enum {
     /* shards [0, HALF) hold small-pool blocks, [HALF, 2 HALF) the large-pool ones. Only small
      * blocks can be thread-cached, so only their shards are probed without the allocator lock and
-     * always need their own lock; the large pool's need it only while lanes are open (lane.c):
-     * with one lock, large-pool mallocs and frees (most of what a training step does) make no
-     * extra atomic read-modify-write (6 per pair cost ~40 ns). */
+     * always need their own lock. While one thread uses the allocator the large pool keeps one
+     * shard (HALF) without a lock: large-pool mallocs and frees (most of what a training step
+     * does) make no extra atomic read-modify-write (6 per pair cost ~40 ns) and compute no hash.
+     * Once lanes have opened (lane.c) its new blocks spread over the half by region as the small
+     * pool's do, and every large shard takes its lock: lanes of two threads would otherwise pass
+     * one lock's line back and forth (2 threads on 8 MiB pairs: 4 against 20 Mpairs/s). */
     LIVE_HALF = VMM_LIVE_SHARDS / 2,
     LIVE_SHARD_SHIFT = 64 - __builtin_ctz(LIVE_HALF), /* top bits of the hash pick one in a half */
 };
 
-/* Shard of a pointer of `pool`: its 2 MiB region hashed (Fibonacci hashing) into the pool's half,
- * so one segment's blocks spread over few shards and two streams' segments seldom share one. */
-static inline size_t live_shard_of(uintptr_t addr, int pool)
+/* Shard a new block of `pool` at addr goes to: its 2 MiB region hashed (Fibonacci hashing) into
+ * the pool's half, so one segment's blocks spread over few shards and two streams' segments seldom
+ * share one; the large pool's single shard until lanes have opened. */
+static inline size_t live_shard_of(const vmm_allocator *a, uintptr_t addr, int pool)
 {
+    if (pool != VMM_SMALL && !a->shards_locked)
+        return LIVE_HALF;
     size_t s = (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
     return pool == VMM_SMALL ? s : LIVE_HALF + s;
+}
+
+/* The shards a block of `pool` at addr may be in: where it would go now, and for the large pool,
+ * once lanes have opened, also the single shard of the blocks made before. Returns how many. */
+static inline int live_shards(const vmm_allocator *a, uintptr_t addr, int pool, size_t s[2])
+{
+    s[0] = live_shard_of(a, addr, pool);
+    s[1] = LIVE_HALF;
+    return pool == VMM_SMALL || s[0] == LIVE_HALF ? 1 : 2;
 }
 
 static inline int live_locked(const vmm_allocator *a, size_t shard)
@@ -694,7 +709,7 @@ static void live_put(vmm_live_slot *t, size_t cap, uintptr_t addr, vmm_block *b)
  * while lanes are open, writers of two lanes may share a shard, so all of it holds the lock. */
 static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
-    size_t s = live_shard_of(addr, pool);
+    size_t s = live_shard_of(a, addr, pool);
     vmm_live_shard *sh = &a->live[s];
     int held = a->lanes_open;
     if (held)
@@ -731,7 +746,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
 /* Give back a reservation that will not be used. */
 static void live_unreserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
-    size_t s = live_shard_of(addr, pool);
+    size_t s = live_shard_of(a, addr, pool);
     vmm_live_shard *sh = &a->live[s];
     int held = a->lanes_open;
     if (held)
@@ -744,7 +759,7 @@ static void live_unreserve(vmm_allocator *a, uintptr_t addr, int pool)
 /* Put b in its shard, which has room for it (live_reserve). */
 static void live_put_block(vmm_allocator *a, vmm_block *b)
 {
-    size_t s = live_shard_of(b->addr, b->seg->pool);
+    size_t s = live_shard_of(a, b->addr, b->seg->pool);
     vmm_live_shard *sh = &a->live[s];
     shard_lock(a, sh, s);
     live_put(sh->t, sh->cap, b->addr, b);
@@ -786,18 +801,20 @@ static inline size_t shard_find(const vmm_live_shard *sh, uintptr_t addr)
 
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
 {
-    /* the pointer's pool is not known: its large-pool shard, then its small-pool one */
+    /* the pointer's pool is not known: its large-pool shards, then its small-pool one */
     for (int pool = VMM_NPOOLS; pool-- > 0;) {
-        size_t s = live_shard_of(addr, pool);
-        const vmm_live_shard *sh = &a->live[s];
-        size_t i = shard_find(sh, addr);
-        if (i == SIZE_MAX)
-            continue;
-        /* a block in a thread cache is freed as far as callers go */
-        if (sh->t[i].blk->tcached)
-            return NULL;
-        *slot = slot_make(s, i);
-        return sh->t[i].blk;
+        size_t ss[2];
+        for (int k = 0, n = live_shards(a, addr, pool, ss); k < n; k++) {
+            const vmm_live_shard *sh = &a->live[ss[k]];
+            size_t i = shard_find(sh, addr);
+            if (i == SIZE_MAX)
+                continue;
+            /* a block in a thread cache is freed as far as callers go */
+            if (sh->t[i].blk->tcached)
+                return NULL;
+            *slot = slot_make(ss[k], i);
+            return sh->t[i].blk;
+        }
     }
     return NULL;
 }
@@ -811,7 +828,7 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
 vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
 {
     /* small-pool shards only: nothing else can be thread-cached */
-    size_t s = live_shard_of(addr, VMM_SMALL);
+    size_t s = live_shard_of(a, addr, VMM_SMALL);
     vmm_live_shard *sh = &a->live[s];
     vmm_mutex_lock(&sh->lock);
     size_t i = shard_find(sh, addr);
@@ -822,24 +839,28 @@ vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
 
 vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr)
 {
-    size_t s = live_shard_of(addr, VMM_LARGE);
-    vmm_live_shard *sh = &a->live[s];
-    shard_lock(a, sh, s);
-    size_t i = shard_find(sh, addr);
-    vmm_block *found = i == SIZE_MAX ? NULL : sh->t[i].blk;
-    shard_unlock(a, sh, s);
+    size_t ss[2];
+    vmm_block *found = NULL;
+    for (int k = 0, n = live_shards(a, addr, VMM_LARGE, ss); k < n && !found; k++) {
+        vmm_live_shard *sh = &a->live[ss[k]];
+        shard_lock(a, sh, ss[k]);
+        size_t i = shard_find(sh, addr);
+        found = i == SIZE_MAX ? NULL : sh->t[i].blk;
+        shard_unlock(a, sh, ss[k]);
+    }
     return found;
 }
 
 void vmm_live_remove(vmm_allocator *a, vmm_block *b)
 {
-    size_t s = live_shard_of(b->addr, b->seg->pool);
-    const vmm_live_shard *sh = &a->live[s];
-    size_t mask = sh->cap - 1;
-    size_t i = live_hash(b->addr, mask);
-    while (sh->t[i].blk != b)
-        i = (i + 1) & mask;
-    vmm_live_remove_at(a, slot_make(s, i));
+    size_t ss[2];
+    for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
+        size_t i = shard_find(&a->live[ss[k]], b->addr);
+        if (i != SIZE_MAX && a->live[ss[k]].t[i].blk == b) {
+            vmm_live_remove_at(a, slot_make(ss[k], i));
+            return;
+        }
+    }
 }
 
 /* Remove entry i of shard sh (its lock held where shards are locked). */
@@ -871,14 +892,17 @@ void vmm_live_remove_at(vmm_allocator *a, size_t slot)
 
 int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b)
 {
-    size_t s = live_shard_of(addr, b->seg->pool);
-    vmm_live_shard *sh = &a->live[s];
-    shard_lock(a, sh, s);
-    size_t i = shard_find(sh, addr);
-    int ok = i != SIZE_MAX && sh->t[i].blk == b && !b->tcached;
-    if (ok)
-        shard_remove(sh, i);
-    shard_unlock(a, sh, s);
+    size_t ss[2];
+    int ok = 0;
+    for (int k = 0, n = live_shards(a, addr, b->seg->pool, ss); k < n && !ok; k++) {
+        vmm_live_shard *sh = &a->live[ss[k]];
+        shard_lock(a, sh, ss[k]);
+        size_t i = shard_find(sh, addr);
+        ok = i != SIZE_MAX && sh->t[i].blk == b && !b->tcached;
+        if (ok)
+            shard_remove(sh, i);
+        shard_unlock(a, sh, ss[k]);
+    }
     return ok;
 }
 
