@@ -15,25 +15,6 @@
 #include "vmmalloc.h"
 #include "vmmalloc_sim.h"
 
-static long long json_num(vmm_allocator *a, const char *key)
-{
-    static _Thread_local char buf[1 << 16];
-    if (vmm_stats_json(a, buf, sizeof buf) < 0)
-        return -1;
-    char pat[128];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *k = strstr(buf, pat);
-    return k ? atoll(k + strlen(pat)) : -1;
-}
-
-static vmm_stats stats(vmm_allocator *a)
-{
-    vmm_stats st;
-    memset(&st, 0, sizeof st);
-    CHECK_OK(vmm_get_stats(a, &st));
-    return st;
-}
-
 static const char *CONF = "driver:sim,sim_capacity:2G,sim_backed:false";
 
 enum { MAX_THREADS = 4, LIVE = 300, ROUNDS = 40000 };
@@ -164,7 +145,7 @@ static long long run_rings_ex(vmm_allocator *a, int n, int rounds, int with_chec
     pthread_barrier_wait(&mid);
     check_disjoint(a, rs, n);
     /* live counters while the rings are full: exact currents once folded */
-    vmm_stats st = stats(a);
+    vmm_stats st = vmm_test_stats(a);
     long long live = 0, bytes = 0;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < LIVE; i++)
@@ -186,7 +167,7 @@ static long long run_rings_ex(vmm_allocator *a, int n, int rounds, int with_chec
     if (with_checker)
         pthread_join(ctid, NULL);
     pthread_barrier_destroy(&mid);
-    long long lane_mallocs = json_num(a, "lanes.mallocs");
+    long long lane_mallocs = vmm_test_json_num(a, "lanes.mallocs");
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < LIVE; k++)
             if (rs[i].held[k])
@@ -205,7 +186,7 @@ static long long run_rings(vmm_allocator *a, int n, int rounds, int with_checker
 static void check_empty(vmm_allocator *a)
 {
     CHECK_OK(vmm_empty_cache(a)); /* thread caches too */
-    vmm_stats st = stats(a);
+    vmm_stats st = vmm_test_stats(a);
     CHECK_EQ(st.allocation[VMM_POOL_ALL].current, 0);
     CHECK_EQ(st.allocated_bytes[VMM_POOL_ALL].current, 0);
     CHECK_EQ(st.requested_bytes[VMM_POOL_ALL].current, 0);
@@ -230,8 +211,8 @@ static void test_closed_with_one_thread(void)
     CHECK_OK(vmm_sim_stream_create(a, &r.s));
     ring_main(&r);
     CHECK_EQ(r.errors, 0);
-    CHECK_EQ(json_num(a, "lanes.open"), 0);
-    CHECK_EQ(json_num(a, "lanes.mallocs"), 0);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 0);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.mallocs"), 0);
     for (int k = 0; k < LIVE; k++)
         if (r.held[k])
             CHECK_OK(vmm_free(a, r.held[k]));
@@ -247,9 +228,9 @@ static void test_rings(void)
         vmm_allocator *a = NULL;
         CHECK_OK(vmm_create(CONF, &a));
         long long lm = run_rings(a, n, ROUNDS, 1);
-        CHECK_EQ(json_num(a, "lanes.open"), 1);
+        CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
         CHECK(lm > 0);
-        CHECK(json_num(a, "lanes.frees") > 0);
+        CHECK(vmm_test_json_num(a, "lanes.frees") > 0);
         check_empty(a);
         vmm_destroy(a);
     }
@@ -278,14 +259,14 @@ static void test_one_thread_after_open(void)
     pthread_join(t, NULL);
     CHECK_OK(vmm_free(a, first));
     CHECK_OK(vmm_malloc(a, 512 << 10, NULL, &first)); /* the allocator lock: lanes open */
-    CHECK_EQ(json_num(a, "lanes.open"), 1);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
     enum { N = 100 };
     void *p[N];
     for (int round = 0; round < 3; round++) {
-        vmm_stats st0 = stats(a);
+        vmm_stats st0 = vmm_test_stats(a);
         for (int i = 0; i < N; i++)
             CHECK_OK(vmm_malloc(a, (size_t)(512 << 10) + (size_t)(i % 3) * 4096, NULL, &p[i]));
-        vmm_stats st1 = stats(a);
+        vmm_stats st1 = vmm_test_stats(a);
         int64_t want = 0;
         for (int i = 0; i < N; i++)
             want += (int64_t)vmm_usable_size(a, p[i]);
@@ -293,7 +274,7 @@ static void test_one_thread_after_open(void)
                  st0.allocated_bytes[VMM_POOL_SMALL].current + want);
         for (int i = 0; i < N; i++)
             CHECK_OK(vmm_free(a, p[i]));
-        vmm_stats st2 = stats(a);
+        vmm_stats st2 = vmm_test_stats(a);
         int64_t top = st0.allocated_bytes[VMM_POOL_SMALL].current + want;
         CHECK_EQ(st2.allocated_bytes[VMM_POOL_SMALL].current, st0.allocated_bytes[VMM_POOL_SMALL].current);
         CHECK_EQ(st2.allocated_bytes[VMM_POOL_SMALL].peak,
@@ -303,7 +284,7 @@ static void test_one_thread_after_open(void)
                                                      : st0.allocation[VMM_POOL_SMALL].peak);
         CHECK(st2.active_bytes[VMM_POOL_SMALL].peak >= top);
     }
-    CHECK(json_num(a, "lanes.mallocs") >= N); /* rounds 2 and 3 found their blocks in the lane */
+    CHECK(vmm_test_json_num(a, "lanes.mallocs") >= N); /* rounds 2 and 3 found their blocks in the lane */
     CHECK_OK(vmm_free(a, first));
     check_empty(a);
     vmm_destroy(a);
@@ -317,8 +298,8 @@ static void test_lanes_off(void)
     snprintf(conf, sizeof conf, "%s,lanes:false", CONF);
     CHECK_OK(vmm_create(conf, &a));
     CHECK_EQ(run_rings(a, 2, 4000, 0), 0);
-    CHECK_EQ(json_num(a, "lanes.open"), 0);
-    CHECK(json_num(a, "thread_caches.count") >= 1);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.count") >= 1);
     check_empty(a);
     vmm_destroy(a);
 }
@@ -333,7 +314,7 @@ static void test_rings_large(void)
         CHECK_OK(vmm_create(conf, &a));
         long long lm = run_rings_ex(a, 2, 6000, !classic, 1);
         CHECK(lm > 0);
-        CHECK(json_num(a, "lanes.frees") > 0);
+        CHECK(vmm_test_json_num(a, "lanes.frees") > 0);
         check_empty(a);
         vmm_destroy(a);
     }
@@ -358,7 +339,7 @@ static void test_lanes_step_aside(void)
     vmm_allocator *a = NULL;
     CHECK_OK(vmm_create(CONF, &a));
     CHECK(run_rings(a, 2, 4000, 0) > 0);
-    CHECK_EQ(json_num(a, "lanes.open"), 1);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
     vmm_stream s1, s2;
     CHECK_OK(vmm_sim_stream_create(a, &s1));
     CHECK_OK(vmm_sim_stream_create(a, &s2));
@@ -366,15 +347,15 @@ static void test_lanes_step_aside(void)
     CHECK_OK(vmm_malloc(a, 4096, s1, &p));
     CHECK_OK(vmm_record_stream(a, p, s2));
     CHECK_OK(vmm_free(a, p)); /* deferred: an event recorded on s2 */
-    long long before = json_num(a, "lanes.mallocs");
+    long long before = vmm_test_json_num(a, "lanes.mallocs");
     CHECK_OK(vmm_malloc(a, 4096, s1, &q)); /* polls the deferred free (allocator lock) */
-    CHECK_EQ(json_num(a, "lanes.mallocs"), before);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.mallocs"), before);
     CHECK_OK(vmm_free(a, q));
     CHECK_OK(vmm_record_history(a, 1000));
-    before = json_num(a, "lanes.mallocs");
+    before = vmm_test_json_num(a, "lanes.mallocs");
     CHECK(run_rings(a, 2, 4000, 0) == before);
-    CHECK_EQ(json_num(a, "thread_caches.on"), 0);
-    CHECK_EQ(json_num(a, "lanes.open"), 0); /* closed for good: the allocator lock takes no lane's */
+    CHECK_EQ(vmm_test_json_num(a, "thread_caches.on"), 0);
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 0); /* closed for good: the allocator lock takes no lane's */
     CHECK_OK(vmm_sim_synchronize(a));
     CHECK_OK(vmm_sim_stream_destroy(a, s1));
     CHECK_OK(vmm_sim_stream_destroy(a, s2));

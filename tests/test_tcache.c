@@ -13,25 +13,6 @@
 #include "vmmalloc.h"
 #include "vmmalloc_sim.h"
 
-static long long json_num(vmm_allocator *a, const char *key)
-{
-    static char buf[1 << 16];
-    if (vmm_stats_json(a, buf, sizeof buf) < 0)
-        return -1;
-    char pat[128];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *k = strstr(buf, pat);
-    return k ? atoll(k + strlen(pat)) : -1;
-}
-
-static vmm_stats stats(vmm_allocator *a)
-{
-    vmm_stats st;
-    memset(&st, 0, sizeof st);
-    CHECK_OK(vmm_get_stats(a, &st));
-    return st;
-}
-
 static const char *CONF = "driver:sim,sim_capacity:1G,sim_backed:false";
 
 /* A freed small block is kept by the thread and handed back to its next malloc of that size. */
@@ -41,32 +22,32 @@ static void test_served(void)
     CHECK_OK(vmm_create(CONF, &a));
     void *p = NULL, *q = NULL, *r = NULL;
     CHECK_OK(vmm_malloc(a, 4096, NULL, &p));
-    CHECK(json_num(a, "thread_caches.on") == 1);
+    CHECK(vmm_test_json_num(a, "thread_caches.on") == 1);
     CHECK_OK(vmm_free(a, p));
-    CHECK(json_num(a, "thread_caches.bytes") == 4096);
-    CHECK(json_num(a, "thread_caches.count") == 1);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 4096);
+    CHECK(vmm_test_json_num(a, "thread_caches.count") == 1);
     CHECK_OK(vmm_malloc(a, 4000, NULL, &q));
     CHECK(q == p);
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     /* a size the cache does not hold: the allocator serves it */
     CHECK_OK(vmm_free(a, q));
     CHECK_OK(vmm_malloc(a, 8192, NULL, &r));
     CHECK(r != p);
-    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 4096);
     /* large-pool and over-64K blocks are never cached */
     void *big = NULL, *mid = NULL;
     CHECK_OK(vmm_malloc(a, 4 << 20, NULL, &big));
     /* new memory was mapped: the cache went back to its pool first (it may merge into a fit) */
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     CHECK_OK(vmm_malloc(a, 100 << 10, NULL, &mid));
     CHECK_OK(vmm_free(a, big));
     CHECK_OK(vmm_free(a, mid));
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     CHECK_OK(vmm_free(a, r));
-    CHECK(json_num(a, "thread_caches.bytes") == 8192);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 8192);
     CHECK_OK(vmm_check(a));
-    CHECK(json_num(a, "thread_caches.bytes") == 0); /* vmm_check drained it */
-    vmm_stats st = stats(a);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0); /* vmm_check drained it */
+    vmm_stats st = vmm_test_stats(a);
     CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
     CHECK(st.allocation[VMM_POOL_ALL].current == 0);
     CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
@@ -81,14 +62,14 @@ static void test_counters_exact(void)
         char conf[160];
         snprintf(conf, sizeof conf, "%s,thread_cache:%s", CONF, on ? "4M" : "0");
         CHECK_OK(vmm_create(conf, &a));
-        CHECK(json_num(a, "thread_caches.on") == on);
+        CHECK(vmm_test_json_num(a, "thread_caches.on") == on);
         void *x = NULL, *y = NULL, *z = NULL, *w = NULL;
         CHECK_OK(vmm_malloc(a, 1000, NULL, &x));
         CHECK_OK(vmm_malloc(a, 1024, NULL, &y));
         CHECK_OK(vmm_free(a, x));
         CHECK_OK(vmm_malloc(a, 900, NULL, &z)); /* the cache's block when on */
         CHECK(!on || z == x);
-        vmm_stats st = stats(a);
+        vmm_stats st = vmm_test_stats(a);
         CHECK(st.allocated_bytes[VMM_POOL_SMALL].current == 2048);
         CHECK(st.allocated_bytes[VMM_POOL_SMALL].peak == 2048);
         CHECK(st.allocated_bytes[VMM_POOL_ALL].peak == 2048);
@@ -107,7 +88,7 @@ static void test_counters_exact(void)
         CHECK_OK(vmm_free(a, x));
         CHECK_OK(vmm_free(a, y));
         CHECK_OK(vmm_malloc(a, 3 << 20, NULL, &w)); /* the allocator's path */
-        st = stats(a);
+        st = vmm_test_stats(a);
         CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 3 << 20);
         CHECK(st.allocated_bytes[VMM_POOL_ALL].peak == 3 << 20);
         CHECK(st.allocated_bytes[VMM_POOL_SMALL].peak == 2048);
@@ -115,7 +96,7 @@ static void test_counters_exact(void)
         CHECK_OK(vmm_free(a, w));
         CHECK_OK(vmm_check(a));
         CHECK_OK(vmm_empty_cache(a));
-        st = stats(a);
+        st = vmm_test_stats(a);
         CHECK(st.reserved_bytes[VMM_POOL_ALL].current == 0);
         vmm_destroy(a);
     }
@@ -130,13 +111,13 @@ static void test_cached_pointer_refused(void)
     CHECK_OK(vmm_malloc(a, 2048, NULL, &p));
     CHECK(vmm_usable_size(a, p) == 2048);
     CHECK_OK(vmm_free(a, p));
-    CHECK(json_num(a, "thread_caches.bytes") == 2048);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 2048);
     CHECK(vmm_free(a, p) == VMM_EBADPTR);
     CHECK(strstr(vmm_last_error(), "already freed") != NULL);
     CHECK(vmm_usable_size(a, p) == 0);
     CHECK(vmm_record_stream(a, p, NULL) == VMM_EBADPTR);
-    CHECK(json_num(a, "thread_caches.bytes") == 2048);
-    vmm_stats st = stats(a);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 2048);
+    vmm_stats st = vmm_test_stats(a);
     CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
     CHECK(st.allocation[VMM_POOL_ALL].freed == 1);
     CHECK_OK(vmm_check(a));
@@ -158,15 +139,15 @@ static void test_streams_and_uses(void)
     CHECK_OK(vmm_malloc(a, 4096, s2, &q));
     CHECK(q != p);
     /* s2's first malloc needed new memory: the cache went back first, so p is s1's again */
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     void *p2 = NULL;
     CHECK_OK(vmm_malloc(a, 4096, s1, &p2));
     CHECK(p2 == p);
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     CHECK_OK(vmm_malloc(a, 8192, s1, &u));
     CHECK_OK(vmm_record_stream(a, u, s2));
     CHECK_OK(vmm_free(a, u));
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     CHECK_OK(vmm_free(a, p));
     CHECK_OK(vmm_free(a, q));
     CHECK_OK(vmm_check(a));
@@ -181,10 +162,10 @@ static void test_history_turns_off(void)
     void *p = NULL;
     CHECK_OK(vmm_malloc(a, 4096, NULL, &p));
     CHECK_OK(vmm_free(a, p));
-    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 4096);
     CHECK_OK(vmm_record_history(a, 100));
-    CHECK(json_num(a, "thread_caches.on") == 0);
-    CHECK(json_num(a, "thread_caches.bytes") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.on") == 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 0);
     CHECK_OK(vmm_malloc(a, 4096, NULL, &p));
     CHECK_OK(vmm_free(a, p));
     vmm_trace_entry e[16];
@@ -290,15 +271,15 @@ static void test_threads(void)
             CHECK_OK(vmm_free(TA, p));
     }
     /* the workers exited: their caches went back at thread exit */
-    CHECK(json_num(TA, "thread_caches.count") <= 1);
-    vmm_stats st = stats(TA);
+    CHECK(vmm_test_json_num(TA, "thread_caches.count") <= 1);
+    vmm_stats st = vmm_test_stats(TA);
     CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
     CHECK(st.allocation[VMM_POOL_ALL].current == 0);
     CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
     CHECK(st.allocation[VMM_POOL_ALL].allocated == st.allocation[VMM_POOL_ALL].freed);
     CHECK_OK(vmm_check(TA));
     CHECK_OK(vmm_empty_cache(TA));
-    st = stats(TA);
+    st = vmm_test_stats(TA);
     CHECK(st.reserved_bytes[VMM_POOL_ALL].current == 0);
     vmm_destroy(TA);
     TA = NULL;
@@ -335,7 +316,7 @@ static void test_destroy_under_thread(void)
     CHECK(pthread_barrier_init(&bar, NULL, 2) == 0);
     CHECK(pthread_create(&tid, NULL, stale_worker, &errors) == 0);
     pthread_barrier_wait(&bar);
-    CHECK(json_num(a, "thread_caches.bytes") == 4096);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 4096);
     vmm_destroy(a);
     CHECK_OK(vmm_create(CONF, &a));
     SA = a;
@@ -343,7 +324,7 @@ static void test_destroy_under_thread(void)
     pthread_join(tid, NULL);
     CHECK(errors == 0);
     CHECK_OK(vmm_check(a));
-    vmm_stats st = stats(a);
+    vmm_stats st = vmm_test_stats(a);
     CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
     vmm_destroy(a);
     pthread_barrier_destroy(&bar);
@@ -361,9 +342,9 @@ static void test_many_allocators(void)
         CHECK_OK(vmm_free(a[i], p));
     }
     for (int i = 0; i < N; i++) {
-        long long b = json_num(a[i], "thread_caches.bytes");
+        long long b = vmm_test_json_num(a[i], "thread_caches.bytes");
         CHECK(b == 0 || b == 1024);
-        vmm_stats st = stats(a[i]);
+        vmm_stats st = vmm_test_stats(a[i]);
         CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
         CHECK_OK(vmm_check(a[i]));
         vmm_destroy(a[i]);

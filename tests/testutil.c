@@ -54,6 +54,17 @@ int vmm_test_intact(const void *p, size_t n, unsigned seed, size_t stride)
     return b[n - 1] == (char)seed;
 }
 
+long long vmm_test_json_num(vmm_allocator *a, const char *key)
+{
+    static _Thread_local char buf[1 << 16];
+    if (vmm_stats_json(a, buf, sizeof buf) < 0)
+        return -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *k = strstr(buf, pat);
+    return k ? atoll(k + strlen(pat)) : -1;
+}
+
 vmm_stats vmm_test_stats(vmm_allocator *a)
 {
     vmm_stats st;

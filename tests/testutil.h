@@ -66,6 +66,9 @@ int vmm_test_intact(const void *p, size_t n, unsigned seed, size_t stride);
 
 /* vmm_get_stats into a zeroed struct (a failure is counted as a CHECK failure). */
 vmm_stats vmm_test_stats(vmm_allocator *a);
+/* The number under `key` in vmm_stats_json's output (a flat key such as "lanes.mallocs"), -1 when
+ * absent or on error. Thread safe. */
+long long vmm_test_json_num(vmm_allocator *a, const char *key);
 /* CHECK that no simulated device in the process holds anything any more (vmm_sim_global_live all
  * zero: physical bytes, handles, mappings, VA, classic allocations, streams, events). */
 void vmm_test_check_no_sim_leaks(void);
