@@ -145,11 +145,12 @@ static void fold_one(vmm_allocator *a, vmm_books *bk)
 
 /* A lane may do the work: read under its lock, these change only under the allocator lock.
  * Thread caches off (history, tags, sleep, IPC, private pools, callbacks) or paused (vmm_check,
- * snapshots) mean every malloc and free must pass the allocator lock; pending deferred frees are
- * polled by the allocator's malloc. */
+ * snapshots) mean every malloc and free must pass the allocator lock. Pending deferred frees
+ * (record_stream) do not: a lane malloc that finds a cached block needs none of them, and one that
+ * does not goes to the allocator lock, whose malloc polls them before it grows. */
 static int lane_usable(const vmm_allocator *a)
 {
-    return vmm_tc_on(a) && !a->deferred && !a->n_routes && !a->tag_path;
+    return vmm_tc_on(a) && !a->n_routes && !a->tag_path;
 }
 
 /* The untagged lane of stream s, without the allocator lock: records are linked with a release
