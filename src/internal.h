@@ -295,11 +295,13 @@ typedef struct vmm_quarantined {
 
 /* The live table: pointer -> allocated block. Small-pool blocks in half the shards, chosen by the
  * pointer's 2 MiB region, so that threads allocating on their own streams (so in their own
- * segments) look blocks up without sharing a cache line; large-pool blocks in one shard. A shard:
- * open addressing, linear probing, backward-shift deletion, a lock of its own that only the
- * small-pool shards use. Writers hold the allocator lock, or a lane's (lane.c), and (small pool)
- * the shard's; a thread cache's lookup (tcache.c) holds only the shard's; readers holding the
- * allocator lock (which holds every lane's) need none. */
+ * segments) look blocks up without sharing a cache line; large-pool blocks in one shard of the
+ * other half until lanes open (lane.c), then new ones in that half by region too (pool.c). A
+ * shard: open addressing, linear probing, backward-shift deletion, a lock of its own that the
+ * small-pool shards always use and the large-pool ones once lanes have opened. Writers hold the
+ * allocator lock, or a lane's, and the shard's where it is used; a thread cache's lookup
+ * (tcache.c) holds only the shard's; readers holding the allocator lock (which holds every
+ * lane's) need none. */
 enum { VMM_LIVE_SHARDS = 256 };
 /* A slot keeps its block's address beside the record pointer: probes compare keys in the table
  * and touch no record (with 10^6 live blocks each record is a cache miss). blk NULL: empty. */
@@ -506,7 +508,6 @@ void vmm_pool_release_block(vmm_allocator *a, vmm_block *b);
 /* Live table. */
 int vmm_live_insert(vmm_allocator *a, vmm_block *b);
 vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr);
-void vmm_live_remove(vmm_allocator *a, vmm_block *b);
 /* The same by table slot: find gives the slot, remove_at takes it (one probe sequence per free). */
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot);
 void vmm_live_remove_at(vmm_allocator *a, size_t slot);

@@ -79,7 +79,7 @@ void vmm_lanes_update_slow(vmm_allocator *a)
         return;
     }
     if (!vmm_tc_on(a))
-        return; /* paused (vmm_check, snapshot): next time */
+        return; /* paused (vmm_check, snapshot): the next malloc looks again */
     pthread_t me = pthread_self();
     if (!a->lock_owner_set || pthread_equal(a->lock_owner, me)) {
         a->lock_owner = me; /* one thread so far: one lock serves it best */

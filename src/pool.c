@@ -851,18 +851,6 @@ vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr)
     return found;
 }
 
-void vmm_live_remove(vmm_allocator *a, vmm_block *b)
-{
-    size_t ss[2];
-    for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
-        size_t i = shard_find(&a->live[ss[k]], b->addr);
-        if (i != SIZE_MAX && a->live[ss[k]].t[i].blk == b) {
-            vmm_live_remove_at(a, slot_make(ss[k], i));
-            return;
-        }
-    }
-}
-
 /* Remove entry i of shard sh (its lock held where shards are locked). */
 static void shard_remove(vmm_live_shard *sh, size_t i)
 {
