@@ -379,9 +379,8 @@ struct vmm_allocator {
     int lanes_open;                    /* the same for lock holders: the allocator lock takes every
                                         * lane's, small-pool counters go to lanes' books */
     uint64_t lane_counts[2];           /* folded lane-path mallocs and frees (stats JSON) */
-    pthread_t lock_owner;              /* lane.c: the thread that last took the allocator lock to
+    uintptr_t lock_owner;              /* lane.c: the thread (vmm_thread_id) that last took the allocator lock to
                                         * malloc, until lanes open (a second thread opens them) */
-    int lock_owner_set;
     int lanes_watch;                   /* lanes may still open (vmm_lanes_update) */
     int shards_locked;                 /* live shards of the large pool take their locks too: set
                                         * when lanes open, never cleared (a lane path that saw
@@ -859,10 +858,23 @@ void vmm_lanes_setup(vmm_allocator *a);
  * once thread caches are off for good (no lane path could run: the allocator lock stops taking
  * their locks). No-op otherwise: inline for one thread's malloc, which makes it every time. */
 void vmm_lanes_update_slow(vmm_allocator *a);
+/* The calling thread, as a number no other live thread has: its thread pointer (what glibc's
+ * pthread_self returns) read inline where the architecture allows, which spares the one-thread
+ * malloc a call into libc. Never 0. */
+static inline uintptr_t vmm_thread_id(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    uintptr_t tp;
+    __asm__("movq %%fs:0, %0" : "=r"(tp)); /* the TCB's self pointer (x86-64 TLS ABI) */
+    return tp;
+#else
+    return (uintptr_t)pthread_self();
+#endif
+}
+
 static inline void vmm_lanes_update(vmm_allocator *a)
 {
-    if (VMM_LIKELY(!a->lanes_open) &&
-        (!a->lanes_watch || (a->lock_owner_set && pthread_equal(a->lock_owner, pthread_self()))))
+    if (VMM_LIKELY(!a->lanes_open) && (!a->lanes_watch || a->lock_owner == vmm_thread_id()))
         return;
     vmm_lanes_update_slow(a);
 }

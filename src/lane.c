@@ -30,7 +30,6 @@
  * exact, and everything under it counts in the allocator's own. As with thread caches, peaks are
  * exact for one thread; with several, a peak may miss what other lanes held at that moment.
  */
-#include <pthread.h>
 #include <string.h>
 
 #include "internal.h"
@@ -80,10 +79,9 @@ void vmm_lanes_update_slow(vmm_allocator *a)
     }
     if (!vmm_tc_on(a))
         return; /* paused (vmm_check, snapshot): the next malloc looks again */
-    pthread_t me = pthread_self();
-    if (!a->lock_owner_set || pthread_equal(a->lock_owner, me)) {
+    uintptr_t me = vmm_thread_id();
+    if (!a->lock_owner || a->lock_owner == me) {
         a->lock_owner = me; /* one thread so far: one lock serves it best */
-        a->lock_owner_set = 1;
         return;
     }
     /* no lane path has run (lanes_on was clear), so every lane lock is free: take each, as

@@ -802,19 +802,20 @@ static inline size_t shard_find(const vmm_live_shard *sh, uintptr_t addr)
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
 {
     /* the pointer's pool is not known: its large-pool shards, then its small-pool one */
-    for (int pool = VMM_NPOOLS; pool-- > 0;) {
-        size_t ss[2];
-        for (int k = 0, n = live_shards(a, addr, pool, ss); k < n; k++) {
-            const vmm_live_shard *sh = &a->live[ss[k]];
-            size_t i = shard_find(sh, addr);
-            if (i == SIZE_MAX)
-                continue;
-            /* a block in a thread cache is freed as far as callers go */
-            if (sh->t[i].blk->tcached)
-                return NULL;
-            *slot = slot_make(ss[k], i);
-            return sh->t[i].blk;
-        }
+    size_t ss[3];
+    int n = live_shards(a, addr, VMM_LARGE, ss);
+    for (int k = 0; k < n + 1; k++) {
+        if (k == n)
+            ss[k] = live_shard_of(a, addr, VMM_SMALL);
+        const vmm_live_shard *sh = &a->live[ss[k]];
+        size_t i = shard_find(sh, addr);
+        if (i == SIZE_MAX)
+            continue;
+        /* a block in a thread cache is freed as far as callers go */
+        if (sh->t[i].blk->tcached)
+            return NULL;
+        *slot = slot_make(ss[k], i);
+        return sh->t[i].blk;
     }
     return NULL;
 }
