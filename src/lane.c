@@ -12,8 +12,9 @@
  *   own cached block that fits), split and the live-table insert under that lane's lock only; a
  *   free the thread cache did not keep is done there too (with the bin's older half of that
  *   lane's blocks when the cache passed it on for a full bin).
- *   Anything else (no block fits, so growth or reclaim; events pending; a block that is unusual)
- *   goes to the allocator lock as before. A lane path makes no driver call and waits for nothing.
+ *   Anything else (no block fits, so the poll of deferred frees, growth or reclaim; a block with
+ *   record_stream uses or in a group) goes to the allocator lock as before. A lane path makes no
+ *   driver call and waits for nothing.
  *
  * What a lane path touches: its lane's index and the records of its segments' blocks, its lane's
  * books (counter deltas, record cache: while the path runs, vmm_books_of sends pool.c's updates
