@@ -137,6 +137,7 @@ typedef struct bench_latency_opts {
     int max_threads;    /* 1 .. BENCH_LATENCY_MAX_THREADS (default 4): runs 1, 2, 4, ... and this */
     int quick;          /* fewer batches, for smoke tests */
     int json;
+    const char *conf;   /* appended to vmmalloc's configuration (e.g. lanes:false); NULL: none */
 } bench_latency_opts;
 int bench_latency(const bench_latency_opts *o);
 

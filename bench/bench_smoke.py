@@ -264,6 +264,11 @@ def t_latency(bench, wdir, src):
             check(r.get("aggregate_mpairs_s", 0) > 0, f"latency: aggregate throughput in {r}")
             if r["allocator"] != "glibc":
                 check("ratio_to_glibc" in r or "skipped" in r, f"latency: ratio present in {r}")
+    # --conf reaches vmmalloc's cells (lanes:false: one lock), and a bad key is refused up front
+    p = run([bench, "latency", "--quick", "--max-live", "100", "--threads", "2", "--json", "--conf", "lanes:false"])
+    check(p.returncode == 0, f"latency --conf lanes:false exit 0: {p.stderr}")
+    p = run([bench, "latency", "--quick", "--conf", "no_such_key:1"])
+    check(p.returncode == 2 and "no_such_key" in p.stderr, f"latency --conf no_such_key: exit 2 with the key named: {p.returncode} {p.stderr}")
 
 
 def t_growth(bench, wdir, src):

@@ -282,6 +282,9 @@ static double pattern_mean(const size_t *sizes)
     return s / N_SIZES;
 }
 
+/* --conf: appended to vmmalloc's configuration in every cell (NULL: nothing). */
+static const char *extra_conf;
+
 static result run_cell(enum kind k, enum pattern pat, const size_t *sizes, uint64_t live, int threads,
                        int batches)
 {
@@ -298,10 +301,11 @@ static result run_cell(enum kind k, enum pattern pat, const size_t *sizes, uint6
          * the number costs nothing. */
         uint64_t cap = (uint64_t)(live_bytes * 2.5) + (16ull << 30);
         cap = (cap + 2 * BENCH_MiB - 1) / (2 * BENCH_MiB) * (2 * BENCH_MiB);
-        char conf[256];
+        char conf[512];
         snprintf(conf, sizeof conf,
-                 "driver:sim,sim_backed:false,sim_capacity:%llu,expandable_segments:%s",
-                 (unsigned long long)cap, k == K_EXPANDABLE ? "true" : "false");
+                 "driver:sim,sim_backed:false,sim_capacity:%llu,expandable_segments:%s%s%s",
+                 (unsigned long long)cap, k == K_EXPANDABLE ? "true" : "false",
+                 extra_conf ? "," : "", extra_conf ? extra_conf : "");
         int rc = vmm_create(conf, &a);
         if (rc != VMM_OK) {
             fprintf(stderr, "vmm-bench: vmm_create(%s): %s\n", conf, vmm_last_error());
@@ -481,6 +485,18 @@ int bench_latency(const bench_latency_opts *o)
         return BENCH_EXIT_FAIL;
     }
     int batches = o->quick ? QUICK_BATCHES : BATCHES;
+    extra_conf = o->conf;
+    if (extra_conf) {
+        /* a bad key fails here, once, not in every cell */
+        char conf[512];
+        vmm_allocator *probe = NULL;
+        snprintf(conf, sizeof conf, "driver:sim,sim_backed:false,sim_capacity:1G,%s", extra_conf);
+        if (vmm_create(conf, &probe) != VMM_OK) {
+            fprintf(stderr, "vmm-bench latency: --conf %s: %s\n", extra_conf, vmm_last_error());
+            return BENCH_EXIT_INPUT;
+        }
+        vmm_destroy(probe);
+    }
     enum { MAX_DEC = 7 };
     uint64_t lives[MAX_DEC];
     int n_lives = 0;
@@ -505,6 +521,8 @@ int bench_latency(const bench_latency_opts *o)
                "only); each thread on its own stream.\nglibc %s, jemalloc %s, %ld cores. Expandable at 10^3 live, small and "
                "ring: the median of %d runs by Mp/s.\n",
                batches, BATCH, gnu_get_libc_version(), JEMALLOC_VERSION, cores, (int)VERDICT_RUNS);
+    if (!o->json && extra_conf)
+        printf("vmmalloc configuration added: %s\n", extra_conf);
     for (int p = 0; p < P_COUNT; p++) {
         make_sizes((enum pattern)p, sizes);
         for (int ti = 0; ti < n_tc; ti++) {

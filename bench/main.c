@@ -5,7 +5,7 @@
  *   vmm-bench replay FILE [--capacity SIZE] [--min-capacity] [--json] [--plot OUT.svg]
  *                         [--mode both|expandable|classic] [--conf K:V,...] [--handles] [--check N]
  *                         [--no-progress]
- *   vmm-bench latency [--max-live N] [--threads 1..8] [--quick] [--json]
+ *   vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--quick] [--json]
  *   vmm-bench scale [--max-events N] [--json]
  *   vmm-bench frames [--quick] [--json]
  *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
@@ -47,11 +47,12 @@ static void usage(FILE *f)
             "  vmm-bench record-graphs OUT.csv [--steps N] [--seed S]\n"
             "                                    record a trace with capture segments on the sim: a\n"
             "                                    training loop whose steps are CUDA graphs sharing a pool\n"
-            "  vmm-bench latency [--max-live N] [--threads 1..8] [--quick] [--json]\n"
+            "  vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--quick] [--json]\n"
             "                                    malloc+free cost vs glibc and jemalloc (pair and ring\n"
             "                                    patterns; 1, 2, 4.. N threads (default 4), each on its\n"
             "                                    own stream; live 100 .. --max-live, default 10^6, 10^4\n"
-            "                                    with --quick)\n"
+            "                                    with --quick; --conf: added to vmmalloc's\n"
+            "                                    configuration, e.g. lanes:false)\n"
             "  vmm-bench scale [--max-events N] [--json]\n"
             "                                    replay time vs length of generated traces\n"
             "  vmm-bench frames [--quick] [--json]\n"
@@ -448,6 +449,8 @@ static int cmd_latency(int argc, char **argv)
             o.json = 1;
         else if (!strcmp(a, "--quick"))
             o.quick = 1;
+        else if (!strcmp(a, "--conf") && more)
+            o.conf = argv[++i];
         else if (!strcmp(a, "--max-live") && more) {
             if (bench_parse_size(argv[++i], &o.max_live) || o.max_live < 100)
                 return bad_usage("bad --max-live (at least 100)", argv[i]);
