@@ -543,11 +543,7 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
             vmm_group_drop(a, b);
         /* stamp with the own stream's sequence: a fence recorded later proves it idle */
         b->free_seq = ++sr->seq;
-        vmm_hot_down(a->stats.allocation, pool, 1);
-        vmm_hot_down(a->stats.allocated_bytes, pool, (int64_t)b->size);
-        vmm_hot_down(a->stats.requested_bytes, pool, (int64_t)b->requested);
-        if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
-            vmm_stat_add(&a->stats.oversize_allocations, -1);
+        vmm_count_free(a, &a->stats, b);
         if (VMM_LIKELY(b->state == VMM_BLOCK_ALLOCATED)) {
             b->requested = 0;
             vmm_pool_release(a, b);

@@ -450,6 +450,17 @@ static inline void vmm_hot_down(vmm_stat *st, int pool, int64_t d)
     st[pool + 1].current -= d;
     st[pool + 1].freed += d;
 }
+/* A free of allocated block b in counters st (the allocator's, or a lane's deltas): what pool.c's
+ * take counted up. */
+static inline void vmm_count_free(const vmm_allocator *a, vmm_stats *st, const vmm_block *b)
+{
+    int pool = b->seg->pool;
+    vmm_hot_down(st->allocation, pool, 1);
+    vmm_hot_down(st->allocated_bytes, pool, (int64_t)b->size);
+    vmm_hot_down(st->requested_bytes, pool, (int64_t)b->requested);
+    if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
+        vmm_stat_add(&st->oversize_allocations, -1);
+}
 static inline void vmm_peak_at(vmm_stat *s, int64_t current)
 {
     if (current > s->peak)
@@ -533,7 +544,9 @@ vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr);
 vmm_stream_rec *vmm_stream_rec_get(vmm_allocator *a, vmm_stream s);
 /* Put a new record (fields set) on the list; its lane lock is born held while lanes are open. */
 void vmm_stream_rec_link(vmm_allocator *a, vmm_stream_rec *r);
-/* The same without creating one: NULL when s has no record yet. */
+/* The same without creating one: NULL when s has no record yet. Safe without the allocator lock
+ * (lane.c): records are linked with a release store (vmm_stream_rec_link), the list head is read
+ * atomically, and records live until vmm_destroy. */
 vmm_stream_rec *vmm_stream_rec_find(vmm_allocator *a, vmm_stream s);
 /* The record whose lane key follows prev's (the first with prev NULL): walks the lanes in the
  * order of their keys, which was the order of the one free index of all lanes before indexes were

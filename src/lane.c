@@ -152,21 +152,11 @@ static int lane_usable(const vmm_allocator *a)
     return vmm_tc_on(a) && !a->n_routes && !a->tag_path;
 }
 
-/* The untagged lane of stream s, without the allocator lock: records are linked with a release
- * store (vmm_stream_rec_link) and live until vmm_destroy. */
-static vmm_stream_rec *lane_find(vmm_allocator *a, vmm_stream s)
-{
-    for (vmm_stream_rec *r = atomic_load_explicit(&a->streams, memory_order_acquire); r; r = r->next)
-        if (r->stream == s && r->tag == 0)
-            return r;
-    return NULL;
-}
-
 int vmm_lane_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
 {
     if (!atomic_load_explicit(&a->lanes_on, memory_order_acquire))
         return 0;
-    vmm_stream_rec *sr = lane_find(a, s);
+    vmm_stream_rec *sr = vmm_stream_rec_find(a, s);
     if (!sr)
         return 0; /* no block of s was ever made: the allocator makes its record */
     int done = 0;
@@ -217,13 +207,7 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim)
      * it; a bin holding only other lanes' blocks is the allocator's to trim */
     if (lane_usable(a) && b->state == VMM_BLOCK_ALLOCATED && !b->n_uses && !b->grouped &&
         (!trim || vmm_tc_trim_lane(a, trim, sr->key)) && vmm_live_take(a, (uintptr_t)ptr, b)) {
-        vmm_stats *d = &sr->bk.d;
-        int pool = b->seg->pool;
-        vmm_hot_down(d->allocation, pool, 1);
-        vmm_hot_down(d->allocated_bytes, pool, (int64_t)b->size);
-        vmm_hot_down(d->requested_bytes, pool, (int64_t)b->requested);
-        if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
-            vmm_stat_add(&d->oversize_allocations, -1);
+        vmm_count_free(a, &sr->bk.d, b);
         /* stamped with its stream's sequence, as vmm_free does */
         b->free_seq = ++sr->seq;
         b->requested = 0;

@@ -144,53 +144,51 @@ static void ext_free(vmm_allocator *a, vmm_block *b)
     }
 }
 
-void vmm_block_delete(vmm_allocator *a, vmm_block *b)
+/* Delete record b (side record freed) into a record cache of at most cap records, or free it. */
+static void cache_put(vmm_allocator *a, vmm_block **cache, size_t *n, size_t cap, vmm_block *b)
 {
     ext_free(a, b);
-    if (a->n_block_cache < BLOCK_CACHE_MAX) {
-        b->next = a->block_cache;
-        a->block_cache = b;
-        a->n_block_cache++;
+    if (*n < cap) {
+        b->next = *cache;
+        *cache = b;
+        (*n)++;
         return;
     }
     vmm_meta_free(a->meta, b, sizeof *b);
 }
 
-/* Delete a record of a segment's blocks into the record cache of its books. */
+static void cache_drain(vmm_allocator *a, vmm_block **cache, size_t *n)
+{
+    while (*cache) {
+        vmm_block *b = *cache;
+        *cache = b->next;
+        vmm_meta_free(a->meta, b, sizeof *b);
+    }
+    *n = 0;
+}
+
+void vmm_block_delete(vmm_allocator *a, vmm_block *b)
+{
+    cache_put(a, &a->block_cache, &a->n_block_cache, BLOCK_CACHE_MAX, b);
+}
+
+/* Delete a record of a segment's blocks into the record cache of its books (NULL: the allocator's). */
 static void block_drop(vmm_allocator *a, vmm_books *bk, vmm_block *b)
 {
-    if (!bk) {
+    if (bk)
+        cache_put(a, &bk->block_cache, &bk->n_block_cache, LANE_CACHE_MAX, b);
+    else
         vmm_block_delete(a, b);
-        return;
-    }
-    ext_free(a, b);
-    if (bk->n_block_cache < LANE_CACHE_MAX) {
-        b->next = bk->block_cache;
-        bk->block_cache = b;
-        bk->n_block_cache++;
-        return;
-    }
-    vmm_meta_free(a->meta, b, sizeof *b);
 }
 
 void vmm_block_cache_drain_books(vmm_allocator *a, vmm_books *bk)
 {
-    while (bk->block_cache) {
-        vmm_block *b = bk->block_cache;
-        bk->block_cache = b->next;
-        vmm_meta_free(a->meta, b, sizeof *b);
-    }
-    bk->n_block_cache = 0;
+    cache_drain(a, &bk->block_cache, &bk->n_block_cache);
 }
 
 void vmm_block_cache_drain(vmm_allocator *a)
 {
-    while (a->block_cache) {
-        vmm_block *b = a->block_cache;
-        a->block_cache = b->next;
-        vmm_meta_free(a->meta, b, sizeof *b);
-    }
-    a->n_block_cache = 0;
+    cache_drain(a, &a->block_cache, &a->n_block_cache);
 }
 
 /* ---- treap ------------------------------------------------------------------------------- */
@@ -520,30 +518,23 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
     b->state = VMM_BLOCK_ALLOCATED;
     b->requested = requested;
     live_put_block(a, b); /* room was made above */
+    /* a lane's deltas while its path runs: active's peaks are taken when they are folded (lane.c) */
     vmm_books *bk = vmm_books_of(a, b->seg);
-    if (bk) {
-        /* a lane's deltas: active's peaks and the oversize count when they are folded (lane.c) */
-        vmm_hot_up(bk->d.allocation, pool, 1);
-        vmm_hot_up(bk->d.allocated_bytes, pool, (int64_t)b->size);
-        vmm_hot_up(bk->d.requested_bytes, pool, (int64_t)requested);
-        if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
-            vmm_stat_add(&bk->d.oversize_allocations, 1);
-        *bp = b;
-        return VMM_OK;
-    }
-    vmm_stats *st = &a->stats;
+    vmm_stats *st = bk ? &bk->d : &a->stats;
     int64_t all_n = vmm_hot_up(st->allocation, pool, 1);
     int64_t all_b = vmm_hot_up(st->allocated_bytes, pool, (int64_t)b->size);
     vmm_hot_up(st->requested_bytes, pool, (int64_t)requested);
-    /* active (= allocation + pending) rises only here: its peaks */
-    vmm_peak_at(&st->active[pool + 1], st->allocation[pool + 1].current + a->pending[pool].current);
-    vmm_peak_at(&st->active[VMM_POOL_ALL], all_n + a->pending[0].current + a->pending[1].current);
-    vmm_peak_at(&st->active_bytes[pool + 1],
-                st->allocated_bytes[pool + 1].current + a->pending_bytes[pool].current);
-    vmm_peak_at(&st->active_bytes[VMM_POOL_ALL],
-                all_b + a->pending_bytes[0].current + a->pending_bytes[1].current);
     if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
-        vmm_stat_add(&a->stats.oversize_allocations, 1);
+        vmm_stat_add(&st->oversize_allocations, 1);
+    if (!bk) {
+        /* active (= allocation + pending) rises only here: its peaks */
+        vmm_peak_at(&st->active[pool + 1], st->allocation[pool + 1].current + a->pending[pool].current);
+        vmm_peak_at(&st->active[VMM_POOL_ALL], all_n + a->pending[0].current + a->pending[1].current);
+        vmm_peak_at(&st->active_bytes[pool + 1],
+                    st->allocated_bytes[pool + 1].current + a->pending_bytes[pool].current);
+        vmm_peak_at(&st->active_bytes[VMM_POOL_ALL],
+                    all_b + a->pending_bytes[0].current + a->pending_bytes[1].current);
+    }
     *bp = b;
     return VMM_OK;
 }

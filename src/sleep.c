@@ -914,16 +914,11 @@ out:
 void vmm_sleep_free(vmm_allocator *a, vmm_block *b, size_t slot)
 {
     vmm_segment *seg = b->seg;
-    int pool = seg->pool;
     vmm_live_remove_at(a, slot);
     VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, seg->stream);
     if (b->group)
         vmm_group_drop(a, b);
-    vmm_hot_down(a->stats.allocation, pool, 1);
-    vmm_hot_down(a->stats.allocated_bytes, pool, (int64_t)b->size);
-    vmm_hot_down(a->stats.requested_bytes, pool, (int64_t)b->requested);
-    if (a->cfg.max_split_size != SIZE_MAX && b->size >= a->cfg.max_split_size)
-        vmm_stat_add(&a->stats.oversize_allocations, -1);
+    vmm_count_free(a, &a->stats, b);
     if (a->ipc)
         (void)vmm_ipc_hold(a, b); /* an export record without readers goes */
     /* its uses cannot touch unmapped memory (or were waited for when it fell asleep) */

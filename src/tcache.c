@@ -480,14 +480,22 @@ void vmm_tc_fold_self(vmm_allocator *a)
     vmm_mutex_unlock(&tc->lock);
 }
 
-/* The calling thread's cache, locked, its deltas folded; NULL when it has none. Allocator lock held. */
-static vmm_tcache *self_locked(vmm_allocator *a)
+/* The calling thread's cache, locked, its deltas not folded (a lane's lock held, not the
+ * allocator's, whose counters a fold writes); NULL when it has none. */
+static vmm_tcache *self_locked_nofold(vmm_allocator *a)
 {
     vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
-    if (tc) {
+    if (tc)
         vmm_mutex_lock(&tc->lock);
+    return tc;
+}
+
+/* The same, its deltas folded. Allocator lock held. */
+static vmm_tcache *self_locked(vmm_allocator *a)
+{
+    vmm_tcache *tc = self_locked_nofold(a);
+    if (tc)
         fold_locked(a, tc);
-    }
     return tc;
 }
 
@@ -547,10 +555,11 @@ size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
 
 size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s)
 {
-    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
-    if (!tc || size > TC_MAX_SIZE)
+    if (size > TC_MAX_SIZE)
         return 0;
-    vmm_mutex_lock(&tc->lock); /* no fold, as vmm_tc_trim_lane */
+    vmm_tcache *tc = self_locked_nofold(a);
+    if (!tc)
+        return 0;
     size_t given = give_fit_locked(a, tc, size, s);
     vmm_mutex_unlock(&tc->lock);
     return given;
@@ -569,11 +578,11 @@ size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
 
 int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
 {
-    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
-    if (!tc || size > TC_MAX_SIZE || size < TC_STEP)
+    if (size > TC_MAX_SIZE || size < TC_STEP)
         return 0;
-    /* no fold: the allocator's counters are the allocator lock's (the deltas wait for it) */
-    vmm_mutex_lock(&tc->lock);
+    vmm_tcache *tc = self_locked_nofold(a);
+    if (!tc)
+        return 0;
     tc_bin *bin = &tc->bins[size / TC_STEP - 1];
     uint32_t n = 0;
     for (uint32_t i = 0; i < bin->n; i++)

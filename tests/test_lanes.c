@@ -17,6 +17,16 @@
 
 static const char *CONF = "driver:sim,sim_capacity:2G,sim_backed:false";
 
+/* An allocator of CONF plus `extra` (keys appended). */
+static vmm_allocator *make_with(const char *extra)
+{
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s,%s", CONF, extra);
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(conf, &a));
+    return a;
+}
+
 enum { MAX_THREADS = 4, LIVE = 300, ROUNDS = 40000 };
 
 typedef struct ring {
@@ -293,10 +303,7 @@ static void test_one_thread_after_open(void)
 /* lanes:false keeps one lock however many threads there are. */
 static void test_lanes_off(void)
 {
-    vmm_allocator *a = NULL;
-    char conf[256];
-    snprintf(conf, sizeof conf, "%s,lanes:false", CONF);
-    CHECK_OK(vmm_create(conf, &a));
+    vmm_allocator *a = make_with("lanes:false");
     CHECK_EQ(run_rings(a, 2, 4000, 0), 0);
     CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 0);
     CHECK(vmm_test_json_num(a, "thread_caches.count") >= 1);
@@ -308,10 +315,7 @@ static void test_lanes_off(void)
 static void test_rings_large(void)
 {
     for (int classic = 0; classic < 2; classic++) {
-        vmm_allocator *a = NULL;
-        char conf[256];
-        snprintf(conf, sizeof conf, "%s,expandable_segments:%s", CONF, classic ? "false" : "true");
-        CHECK_OK(vmm_create(conf, &a));
+        vmm_allocator *a = make_with(classic ? "expandable_segments:false" : "expandable_segments:true");
         long long lm = run_rings_ex(a, 2, 6000, !classic, 1);
         CHECK(lm > 0);
         CHECK(vmm_test_json_num(a, "lanes.frees") > 0);
@@ -323,10 +327,7 @@ static void test_rings_large(void)
 /* Classic segments (expandable_segments:false) have lanes too. */
 static void test_rings_classic(void)
 {
-    vmm_allocator *a = NULL;
-    char conf[256];
-    snprintf(conf, sizeof conf, "%s,expandable_segments:false", CONF);
-    CHECK_OK(vmm_create(conf, &a));
+    vmm_allocator *a = make_with("expandable_segments:false");
     CHECK(run_rings(a, 2, ROUNDS / 2, 0) > 0);
     check_empty(a);
     vmm_destroy(a);
