@@ -114,6 +114,17 @@ VMM_API void vmm_sim_global_live(vmm_sim_counters *out);
 VMM_API int vmm_sim_fail_nth(vmm_allocator *a, int kind, uint64_t nth);
 VMM_API int vmm_sim_fail_random(vmm_allocator *a, int kind, double p, uint64_t seed);
 
+/*
+ * Call hook, for tests of what the allocator holds while it calls the driver: fn(arg, kind) runs
+ * on the calling thread at the start of every call of that kind (-1: every kind), before the call
+ * does anything, with no lock of the simulated device held, so it may wait for other threads
+ * that allocate meanwhile. fn NULL removes the hook. One hook per device; set it while no other
+ * thread uses the allocator. Returns VMM_OK, VMM_EINVAL (kind out of range), VMM_ENOTSUP (not
+ * the sim).
+ */
+typedef void (*vmm_sim_call_hook)(void *arg, int kind);
+VMM_API int vmm_sim_on_call(vmm_allocator *a, int kind, vmm_sim_call_hook fn, void *arg);
+
 /* ---- CUDA graph capture on the simulated device ------------------------------------------------
  *
  * Enough of CUDA's stream capture to test what an allocator must do while a graph is captured and

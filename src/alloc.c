@@ -201,8 +201,10 @@ static int oom(vmm_allocator *a, size_t size, size_t rounded, const char *tried)
 {
     size_t free_b = 0, total = a->dev.total_bytes;
     vmm_tc_fold(a); /* the report's counters */
+    vmm_lanes_yield(a, NULL);
     if (a->drv->ops->mem_get_info(a->drv, &free_b, &total))
         free_b = 0;
+    vmm_lanes_resume(a, NULL);
     a->stats.num_ooms++;
     VMM_HISTORY(a, VMM_TRACE_OOM, free_b, size, NULL);
     vmm_stats st;
@@ -531,13 +533,14 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     } else {
         vmm_stream_rec *sr = b->seg->srec;
         int pool = b->seg->pool;
+        /* the slot found above, before anything lets the lanes go: their inserts and removals
+         * move the entries of a shard */
+        vmm_live_remove_at(a, slot);
         /* used by other streams: record the events prepared by record_stream and wait for them
          * on the deferred list. Cannot fail: what cannot be recorded now is retried later, so a
          * caller that cannot retry (PyTorch's free hook) never leaks the block. */
         if (VMM_UNLIKELY(b->n_uses))
             vmm_defer_free(a, b);
-        /* the slot found above: deferring a free leaves the live table as it was */
-        vmm_live_remove_at(a, slot);
         VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
         if (VMM_UNLIKELY(b->group != NULL))
             vmm_group_drop(a, b);

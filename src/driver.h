@@ -250,6 +250,7 @@ int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
 int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
 int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);
 int vmm_sim_driver_fail_random(vmm_driver *d, int kind, double p, uint64_t seed);
+int vmm_sim_driver_on_call(vmm_driver *d, int kind, vmm_sim_call_hook fn, void *arg);
 /* Sharing a handle's memory through a POSIX file descriptor (for the CUDA double's
  * cuMemExportToShareableHandle / cuMemImportFromShareableHandle). Backed mode only: NOT_SUPPORTED
  * unbacked or without VMM. export_fd: *fd gets a new close-on-exec descriptor of h's memory

@@ -377,6 +377,9 @@ struct sim_device {
     uint64_t nth_left[VMM_SIM_CALL_COUNT]; /* 0: off, else calls until the injected failure */
     uint64_t nth_any;
     double fail_p[VMM_SIM_CALL_COUNT];
+    vmm_sim_call_hook hook;            /* vmm_sim_on_call: run at a call's start, mu not held */
+    void *hook_arg;
+    int hook_kind;                     /* -1: every kind */
     uint64_t rng;
 
     sim_res **res; /* sorted by va */
@@ -468,6 +471,15 @@ static int injected_result(int kind)
 static int call_begin_locked(sim_device *d, int kind)
 {
     bool fail = false;
+    if (VMM_UNLIKELY(d->hook != NULL) && (d->hook_kind == -1 || d->hook_kind == kind)) {
+        /* every caller locks mu just before and has read nothing under it yet: the hook runs as
+         * if before the call, free to make calls of its own (other threads' included) */
+        vmm_sim_call_hook fn = d->hook;
+        void *arg = d->hook_arg;
+        pthread_mutex_unlock(&d->mu);
+        fn(arg, kind);
+        pthread_mutex_lock(&d->mu);
+    }
     d->calls[kind]++;
     if (d->opt.cost_model)
         d->driver_time_ns += d->opt.cost_ns[kind];
@@ -2093,6 +2105,21 @@ int vmm_sim_driver_fail_nth(vmm_driver *drv, int kind, uint64_t nth)
         d->nth_any = nth;
     else
         d->nth_left[kind] = nth;
+    pthread_mutex_unlock(&d->mu);
+    return VMM_DRV_SUCCESS;
+}
+
+int vmm_sim_driver_on_call(vmm_driver *drv, int kind, vmm_sim_call_hook fn, void *arg)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    if (kind < -1 || kind >= VMM_SIM_CALL_COUNT)
+        return VMM_DRV_INVALID_VALUE;
+    sim_device *d = dev_of(drv);
+    pthread_mutex_lock(&d->mu);
+    d->hook = fn;
+    d->hook_arg = arg;
+    d->hook_kind = kind;
     pthread_mutex_unlock(&d->mu);
     return VMM_DRV_SUCCESS;
 }

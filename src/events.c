@@ -72,7 +72,9 @@ static int event_take(vmm_allocator *a, vmm_event *out, int *drv_r)
         a->ev_pool = np;
         a->cap_ev_pool = ncap;
     }
+    vmm_lanes_yield(a, NULL);
     *drv_r = a->drv->ops->event_create(a->drv, out);
+    vmm_lanes_resume(a, NULL);
     if (*drv_r)
         return VMM_EDRIVER;
     a->n_events++;
@@ -99,7 +101,12 @@ vmm_event vmm_event_for_use(vmm_allocator *a, vmm_stream s)
     if (event_take(a, &e, &r) != VMM_OK)
         return NULL;
     /* an event of the pool may be prepared for other contexts already: it stays so */
-    if (a->drv->ops->event_prepare && a->drv->ops->event_prepare(a->drv, e, s) != VMM_DRV_SUCCESS) {
+    if (!a->drv->ops->event_prepare)
+        return e;
+    vmm_lanes_yield(a, NULL);
+    r = a->drv->ops->event_prepare(a->drv, e, s);
+    vmm_lanes_resume(a, NULL);
+    if (r != VMM_DRV_SUCCESS) {
         vmm_event_put(a, e);
         return NULL;
     }
@@ -147,7 +154,11 @@ static void slots_record(vmm_allocator *a, vmm_block *b)
             continue;
         if (!x->events[i] && !(x->events[i] = vmm_event_for_use(a, x->uses[i])))
             continue;
-        if (a->drv->ops->event_record(a->drv, x->events[i], x->uses[i]) != VMM_DRV_SUCCESS)
+        /* b is pending or being freed: no lane path touches its slots */
+        vmm_lanes_yield(a, NULL);
+        int r = a->drv->ops->event_record(a->drv, x->events[i], x->uses[i]);
+        vmm_lanes_resume(a, NULL);
+        if (r != VMM_DRV_SUCCESS)
             continue; /* the event stays in the slot, prepared: retried later */
         uint32_t k = x->n_events++;
         vmm_stream su = x->uses[i];
@@ -201,14 +212,16 @@ static int block_events_done(vmm_allocator *a, vmm_block *b, int wait)
     /* downwards: slot_drop moves only already visited slots into i */
     for (uint32_t i = x->n_events; i-- > 0;) {
         int r;
-        if (wait) {
-            /* a failed wait keeps the slot for the next scan (no stream sync: expandable mode
-             * synchronizes only where no event can stand in) */
+        if (wait)
             a->stats.num_event_waits++;
+        vmm_lanes_yield(a, NULL);
+        /* a failed wait keeps the slot for the next scan (no stream sync: expandable mode
+         * synchronizes only where no event can stand in); NOT_READY or a failed query: later */
+        if (wait)
             r = a->drv->ops->event_sync(a->drv, x->events[i]);
-        } else {
-            r = a->drv->ops->event_query(a->drv, x->events[i]); /* NOT_READY or a failure: later */
-        }
+        else
+            r = a->drv->ops->event_query(a->drv, x->events[i]);
+        vmm_lanes_resume(a, NULL);
         if (r == VMM_DRV_SUCCESS)
             slot_drop(a, b, i);
     }
@@ -219,7 +232,10 @@ static int block_events_done(vmm_allocator *a, vmm_block *b, int wait)
                 continue;
             /* no event could be recorded for this use: wait for its whole stream instead */
             a->stats.num_event_waits++;
-            if (a->drv->ops->stream_sync(a->drv, x->uses[i]) == VMM_DRV_SUCCESS)
+            vmm_lanes_yield(a, NULL);
+            int r = a->drv->ops->stream_sync(a->drv, x->uses[i]);
+            vmm_lanes_resume(a, NULL);
+            if (r == VMM_DRV_SUCCESS)
                 slot_drop(a, b, i);
         }
     }
@@ -267,10 +283,19 @@ static void fence_pop(vmm_allocator *a, vmm_stream_rec *r)
     vmm_meta_free(a->meta, f, sizeof *f);
 }
 
+/* A fence's event query or wait, the lanes let go meanwhile (fences are the allocator lock's). */
+static int fence_event(vmm_allocator *a, vmm_event ev, int wait)
+{
+    vmm_lanes_yield(a, NULL);
+    int r = wait ? a->drv->ops->event_sync(a->drv, ev) : a->drv->ops->event_query(a->drv, ev);
+    vmm_lanes_resume(a, NULL);
+    return r;
+}
+
 void vmm_fences_poll(vmm_allocator *a)
 {
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
-        while (r->fences && a->drv->ops->event_query(a->drv, r->fences->ev) == VMM_DRV_SUCCESS)
+        while (r->fences && fence_event(a, r->fences->ev, 0) == VMM_DRV_SUCCESS)
             fence_pop(a, r);
 }
 
@@ -280,8 +305,11 @@ void vmm_fences_record(vmm_allocator *a)
     if (a->n_routes)
         return;
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
+        /* read before the record: lane frees stamp r->seq while the lanes are let go, and the
+         * fence covers only what was queued before it */
+        uint64_t seq = r->seq;
         uint64_t covered = r->fences_tail ? r->fences_tail->seq : r->done_seq;
-        if (r->seq <= covered)
+        if (seq <= covered)
             continue;
         if (r->retired) {
             r->done_seq = r->seq; /* destroyed: its work has run */
@@ -296,12 +324,15 @@ void vmm_fences_record(vmm_allocator *a)
             vmm_meta_free(a->meta, f, sizeof *f);
             return;
         }
-        if (a->drv->ops->event_record(a->drv, f->ev, r->stream) != VMM_DRV_SUCCESS) {
+        vmm_lanes_yield(a, NULL);
+        int rr = a->drv->ops->event_record(a->drv, f->ev, r->stream);
+        vmm_lanes_resume(a, NULL);
+        if (rr != VMM_DRV_SUCCESS) {
             vmm_event_put(a, f->ev);
             vmm_meta_free(a->meta, f, sizeof *f);
             continue;
         }
-        f->seq = r->seq;
+        f->seq = seq;
         if (r->fences_tail)
             r->fences_tail->next = f;
         else
@@ -317,7 +348,7 @@ size_t vmm_fences_wait(vmm_allocator *a)
         while (r->fences) {
             a->stats.num_event_waits++;
             n++;
-            if (a->drv->ops->event_sync(a->drv, r->fences_tail->ev) != VMM_DRV_SUCCESS)
+            if (fence_event(a, r->fences_tail->ev, 1) != VMM_DRV_SUCCESS)
                 break;
             /* the newest fence done implies every older one is */
             uint64_t seq = r->fences_tail->seq;

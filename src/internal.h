@@ -863,8 +863,8 @@ void vmm_cb_destroy(vmm_allocator *a);
 /* While lanes are open, the allocator lock holds every lane's lock too (vmm_lock / vmm_unlock call
  * these with the allocator's own lock held); taking them folds the lanes' books into the
  * allocator's counters, so every holder of the allocator lock sees them up to date. */
-void vmm_lanes_lock_all(vmm_allocator *a);
-void vmm_lanes_unlock_all(vmm_allocator *a);
+void vmm_lanes_lock_but(vmm_allocator *a, const vmm_stream_rec *keep);
+void vmm_lanes_unlock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 /* vmm_create, configuration loaded: whether lanes may open. */
 void vmm_lanes_setup(vmm_allocator *a);
 /* Allocator lock held (malloc): open the lanes once a second thread mallocs; close them for good
@@ -912,14 +912,30 @@ static inline void vmm_lock(vmm_allocator *a)
 {
     vmm_mutex_lock(&a->lock);
     if (VMM_UNLIKELY(a->lanes_open))
-        vmm_lanes_lock_all(a);
+        vmm_lanes_lock_but(a, NULL);
 }
 
 static inline void vmm_unlock(vmm_allocator *a)
 {
     if (VMM_UNLIKELY(a->lanes_open))
-        vmm_lanes_unlock_all(a);
+        vmm_lanes_unlock_but(a, NULL);
     vmm_mutex_unlock(&a->lock);
+}
+
+/* Allocator lock held, around a driver call: the lanes other than keep (NULL: all) let go, so that
+ * other streams' lane paths run while the driver works (lane.c, "Driver calls"). Between the two
+ * the caller touches no state of a lane it let go; vmm_lanes_resume takes them again and folds
+ * their books, and what the caller read of their state before may have changed. */
+static inline void vmm_lanes_yield(vmm_allocator *a, const vmm_stream_rec *keep)
+{
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_unlock_but(a, keep);
+}
+
+static inline void vmm_lanes_resume(vmm_allocator *a, const vmm_stream_rec *keep)
+{
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_lock_but(a, keep);
 }
 
 /* Lane paths may run (a relaxed peek; the lane functions read it again with acquire). */

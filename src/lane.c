@@ -26,8 +26,14 @@
  * Locks, in order: allocator lock, lanes (list order), a thread cache's, a live shard's. A lane
  * path holds one lane's lock and never waits for the allocator lock while holding it.
  *
+ * Driver calls (issue 13: no call, query or wait under a lock another stream's cached path
+ * needs): the allocator lock's holder lets the lanes go around each driver call it makes
+ * (vmm_lanes_yield / vmm_lanes_resume), keeping at most the lane whose segment the call unmaps or
+ * frees. Between the two it touches no other lane's state, and after resuming it reads again
+ * whatever of that state it needs (lane paths ran meanwhile, and their books are folded again).
+ *
  * Counters: a lane's books keep the deltas of its lane paths since the allocator lock was last
- * taken; taking it folds them in (vmm_lanes_lock_all), so whoever holds it sees current values
+ * taken; taking it folds them in (vmm_lanes_lock_but), so whoever holds it sees current values
  * exact, and everything under it counts in the allocator's own. As with thread caches, peaks are
  * exact for one thread; with several, a peak may miss what other lanes held at that moment.
  */
@@ -37,20 +43,24 @@
 
 static void fold_one(vmm_allocator *a, vmm_books *bk);
 
-void vmm_lanes_lock_all(vmm_allocator *a)
+void vmm_lanes_lock_but(vmm_allocator *a, const vmm_stream_rec *keep)
 {
+    /* keep's lock is held already. Only the allocator lock's holder ever holds two lane locks, so
+     * taking the others around it cannot deadlock: a lane path holds one and waits for none. */
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
-        vmm_mutex_lock(&r->lock);
+        if (r != keep)
+            vmm_mutex_lock(&r->lock);
     /* then fold: lanes not locked yet still read what a fold writes (malloc_count) */
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
         if (r->bk.dirty)
             fold_one(a, &r->bk);
 }
 
-void vmm_lanes_unlock_all(vmm_allocator *a)
+void vmm_lanes_unlock_but(vmm_allocator *a, const vmm_stream_rec *keep)
 {
     for (vmm_stream_rec *r = a->streams; r; r = r->next)
-        vmm_mutex_unlock(&r->lock);
+        if (r != keep)
+            vmm_mutex_unlock(&r->lock);
 }
 
 void vmm_lanes_setup(vmm_allocator *a)
@@ -69,7 +79,7 @@ void vmm_lanes_update_slow(vmm_allocator *a)
          * as vmm_lock took them); a lane path waiting for one finds the caches off and leaves. */
         atomic_store_explicit(&a->lanes_on, 0, memory_order_relaxed);
         a->lanes_open = 0;
-        vmm_lanes_unlock_all(a);
+        vmm_lanes_unlock_but(a, NULL);
         return;
     }
     if (!a->lanes_watch)

@@ -132,7 +132,10 @@ static int fh_take(vmm_allocator *a, size_t size, int pool, vmm_phys *out)
 
 static int release_at(vmm_allocator *a, size_t i)
 {
+    /* a cached handle is mapped nowhere: no lane's state (lane.c, "Driver calls") */
+    vmm_lanes_yield(a, NULL);
     int r = a->drv->ops->mem_release(a->drv, a->fh[i].h);
+    vmm_lanes_resume(a, NULL);
     if (r)
         return vmm_fail_drv(r, "mem_release");
     vmm_stat_update(a->stats.reserved_bytes, a->fh[i].pool, -(int64_t)a->fh[i].size);
@@ -306,6 +309,16 @@ static int unmap_page(vmm_allocator *a, uintptr_t va, size_t ps, int tries)
     for (int t = 0; t < tries; t++)
         if ((r = a->drv->ops->mem_unmap(a->drv, va, ps)) == VMM_DRV_SUCCESS)
             break;
+    return r;
+}
+
+/* unmap_page with the lanes other than seg's let go meanwhile (lane.c, "Driver calls"): seg's
+ * blocks stay as the caller left them. */
+static int unmap_page_yield(vmm_allocator *a, const vmm_segment *seg, uintptr_t va, size_t ps, int tries)
+{
+    vmm_lanes_yield(a, seg->srec);
+    int r = unmap_page(a, va, ps, tries);
+    vmm_lanes_resume(a, seg->srec);
     return r;
 }
 
@@ -577,7 +590,10 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
             reused += chunk[got];
             continue;
         }
+        /* best stays UNMAPPED and indexed, which no lane path touches (lane.c, "Driver calls") */
+        vmm_lanes_yield(a, NULL);
         int r = ops->mem_create(a->drv, sz, &hs[got]);
+        vmm_lanes_resume(a, NULL);
         if (r) {
             /* keep what was made in the cache; the caller may free pages and retry */
             rc = r == VMM_DRV_OUT_OF_MEMORY ? VMM_ENOMEM : vmm_fail_drv(r, "mem_create");
@@ -590,14 +606,18 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         handle_made(a, seg->pool, sz);
     }
     for (size_t off = 0; rc == VMM_OK && mapped < nh; off += chunk[mapped++]) {
+        vmm_lanes_yield(a, NULL);
         int r = ops->mem_map(a->drv, seg->base + (p0 + off) * ps, chunk[mapped] * ps, 0, hs[mapped]);
+        vmm_lanes_resume(a, NULL);
         if (r)
             rc = vmm_fail_drv(r, "mem_map");
         if (r)
             break;
     }
     if (rc == VMM_OK && !accessed) {
+        vmm_lanes_yield(a, NULL);
         int r = ops->set_access(a->drv, seg->base + p0 * ps, total * ps);
+        vmm_lanes_resume(a, NULL);
         if (r)
             rc = vmm_fail_drv(r, "set_access");
     }
@@ -605,7 +625,7 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         for (size_t k = 0, off = 0; k < got; off += chunk[k++]) {
             uintptr_t va = seg->base + (p0 + off) * ps;
             size_t sz = chunk[k] * ps;
-            if (k < mapped && unmap_page(a, va, sz, UNMAP_TRIES) != VMM_DRV_SUCCESS)
+            if (k < mapped && unmap_page_yield(a, seg, va, sz, UNMAP_TRIES) != VMM_DRV_SUCCESS)
                 a->quar[a->n_quar++] = (vmm_quarantined){va, sz, hs[k], seg->pool};
             else
                 fh_put(a, hs[k], sz, seg->pool);
@@ -697,7 +717,7 @@ int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int releas
     /* room in the cache first: a handle the driver will not release waits there */
     if (fh_reserve(a, a->n_handles) != VMM_OK)
         return VMM_EHOSTMEM;
-    int r = unmap_page(a, seg->base + p0 * ps, sz, UNMAP_TRIES);
+    int r = unmap_page_yield(a, seg, seg->base + p0 * ps, sz, UNMAP_TRIES);
     if (r)
         return vmm_fail_drv(r, "mem_unmap");
     for (size_t k = 0; k < n; k++)
@@ -705,7 +725,12 @@ int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int releas
     seg->mapped_pages -= n;
     vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)sz);
     a->stats.num_pages_unmapped += (int64_t)n;
-    if (release && a->drv->ops->mem_release(a->drv, h) == VMM_DRV_SUCCESS) {
+    if (release) {
+        vmm_lanes_yield(a, seg->srec);
+        r = a->drv->ops->mem_release(a->drv, h);
+        vmm_lanes_resume(a, seg->srec);
+    }
+    if (release && r == VMM_DRV_SUCCESS) {
         vmm_stat_update(a->stats.reserved_bytes, seg->pool, -(int64_t)sz);
         a->stats.num_device_free++;
         a->n_handles--;
@@ -747,7 +772,9 @@ static int seg_new_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
         return vmm_fail(VMM_EHOSTMEM, "out of host memory for a segment record");
     }
     uintptr_t base;
+    vmm_lanes_yield(a, NULL); /* a new range: no lane's state */
     int r = a->drv->ops->va_reserve(a->drv, va, 0, &base);
+    vmm_lanes_resume(a, NULL);
     if (r) {
         vmm_meta_free(a->meta, s, sizeof *s);
         vmm_block_delete(a, b);
@@ -917,7 +944,9 @@ static size_t whole_handles(const vmm_block *b, size_t want, size_t *p0, size_t 
     return r > q ? r - q : 0;
 }
 
-/* Unmap whole handles inside FREE block b, `want` pages or a little more; returns pages unmapped. */
+/* Unmap whole handles inside FREE block b, `want` pages or a little more; returns pages unmapped.
+ * The range leaves the index first as a DETACHING block of its own, which no lane path takes or
+ * merges: the unmaps then let every lane go (lane.c, "Driver calls"). */
 static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
 {
     vmm_segment *seg = b->seg;
@@ -929,53 +958,39 @@ static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
     if (VMM_UNLIKELY(a->cb_mapping))
         return vmm_cb_detach(a, b, p0, p1);
     vmm_block *r1 = vmm_block_new(a), *r2 = vmm_block_new(a);
-    if (!r1 || !r2 || fh_reserve(a, a->n_handles) != VMM_OK) {
+    if (!r1 || !r2) {
         if (r1)
             vmm_block_delete(a, r1);
         if (r2)
             vmm_block_delete(a, r2);
         return 0;
     }
-    size_t k = p0;
-    while (k < p1) {
-        size_t e = handle_end(seg, k);
-        int r = unmap_page(a, seg->base + k * ps, (e - k) * ps, 1);
-        if (r) {
-            vmm_fail_drv(r, "mem_unmap");
-            break;
-        }
-        fh_put(a, seg->pages[k], (e - k) * ps, seg->pool);
-        for (; k < e; k++)
-            seg->pages[k] = 0;
+    vmm_pool_erase(a, b);
+    vmm_block *u = b;
+    uintptr_t ua = seg->base + p0 * ps, ue = seg->base + p1 * ps;
+    if (b->addr < ua) {
+        vmm_block_split_into(b, r1, ua - b->addr);
+        vmm_pool_insert(a, b);
+        u = r1;
+        r1 = NULL;
     }
-    size_t n = k - p0;
-    if (n) {
-        seg->mapped_pages -= n;
-        VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, seg->base + p0 * ps, n * ps, seg->stream);
-        vmm_stat_update(a->stats.mapped_bytes, seg->pool, -(int64_t)(n * ps));
-        a->stats.num_pages_unmapped += (int64_t)n;
-        vmm_pool_erase(a, b);
-        vmm_block *u = b;
-        uintptr_t ua = seg->base + p0 * ps, ue = seg->base + k * ps;
-        if (b->addr < ua) {
-            vmm_block_split_into(b, r1, ua - b->addr);
-            vmm_pool_insert(a, b);
-            u = r1;
-            r1 = NULL;
-        }
-        if (u->addr + u->size > ue) {
-            vmm_block_split_into(u, r2, ue - u->addr);
-            vmm_pool_insert(a, r2);
-            r2 = NULL;
-        }
-        u->state = VMM_BLOCK_UNMAPPED;
-        u = vmm_block_merge(a, u);
-        vmm_pool_insert(a, u);
+    if (u->addr + u->size > ue) {
+        vmm_block_split_into(u, r2, ue - u->addr);
+        vmm_pool_insert(a, r2);
+        r2 = NULL;
     }
     if (r1)
         vmm_block_delete(a, r1);
     if (r2)
         vmm_block_delete(a, r2);
+    u->state = VMM_BLOCK_DETACHING;
+    vmm_block *rest;
+    size_t n = vmm_seg_finish_detached(a, u, &rest);
+    if (rest) {
+        /* the driver refused from there on: the pages stay mapped and free */
+        rest->state = VMM_BLOCK_FREE;
+        vmm_pool_insert(a, vmm_block_merge(a, rest));
+    }
     return n;
 }
 
@@ -997,7 +1012,10 @@ size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest)
     size_t k = 0;
     while (k < n) { /* whole handles: detach ranges come from whole_handles */
         size_t e = handle_end(seg, p0 + k) - p0;
+        /* u is in no index and not FREE: no lane path takes or merges it meanwhile */
+        vmm_lanes_yield(a, NULL);
         int dr = unmap_page(a, seg->base + (p0 + k) * ps, (e - k) * ps, 1);
+        vmm_lanes_resume(a, NULL);
         if (dr) {
             vmm_fail_drv(dr, "mem_unmap");
             break;
@@ -1086,30 +1104,42 @@ static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_b
      * now, a busy one by a later growth */
     vmm_fences_record(a);
     vmm_fences_poll(a);
-    const vmm_block *k0 = NULL, *k1 = NULL;
-    if (target && target->prev && target->prev->state == VMM_BLOCK_FREE)
-        k0 = target->prev;
-    if (target && target->next && target->next->state == VMM_BLOCK_FREE)
-        k1 = target->next;
-    size_t n = recycle_candidates(a, k0, k1, NULL);
-    vmm_block **c = n ? vmm_meta_alloc(a->meta, n * sizeof *c) : NULL;
-    if (!c)
-        return got;
-    recycle_candidates(a, k0, k1, c);
-    qsort(c, n, sizeof *c, older_first);
     size_t other = 0;
-    /* reclaim_block only splits its own block and merges unmapped ones: later candidates (FREE
-     * blocks) stay valid */
-    for (size_t i = 0; i < n && got < want; i++) {
-        size_t bps = c[i]->seg->page_size;
-        size_t k = reclaim_block(a, c[i], (want - got + bps - 1) / bps);
-        if (!k)
-            break; /* the driver refuses: growth creates handles instead */
-        got += k * bps;
-        if (bps != ps)
-            other += k * bps;
+    int again = 1, refused = 0;
+    while (again && !refused && got < want) {
+        again = 0;
+        /* target is UNMAPPED, which no lane path touches; its free neighbours are read anew */
+        const vmm_block *k0 = NULL, *k1 = NULL;
+        if (target && target->prev && target->prev->state == VMM_BLOCK_FREE)
+            k0 = target->prev;
+        if (target && target->next && target->next->state == VMM_BLOCK_FREE)
+            k1 = target->next;
+        size_t n = recycle_candidates(a, k0, k1, NULL);
+        vmm_block **c = n ? vmm_meta_alloc(a->meta, n * sizeof *c) : NULL;
+        if (!c)
+            break;
+        recycle_candidates(a, k0, k1, c);
+        qsort(c, n, sizeof *c, older_first);
+        /* reclaim_block only splits its own block and merges unmapped ones: later candidates (FREE
+         * blocks) stay valid, unless the lanes ran during its unmaps (lane.c, "Driver calls"):
+         * then the list is made again */
+        for (size_t i = 0; i < n && got < want; i++) {
+            size_t bps = c[i]->seg->page_size;
+            size_t k = reclaim_block(a, c[i], (want - got + bps - 1) / bps);
+            if (!k) {
+                refused = 1; /* the driver refuses: growth creates handles instead */
+                break;
+            }
+            got += k * bps;
+            if (bps != ps)
+                other += k * bps;
+            if (a->lanes_open) {
+                again = 1;
+                break;
+            }
+        }
+        vmm_meta_free(a->meta, c, n * sizeof *c);
     }
-    vmm_meta_free(a->meta, c, n * sizeof *c);
     if (other)
         vmm_handles_release(a, ps, other);
     return got;
@@ -1132,6 +1162,10 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
                         if (n == 0)
                             return got; /* the driver refuses: stop here */
                         got += n;
+                        /* the lanes ran during the unmaps: next may be gone, start the lane
+                         * again (what was reclaimed holds no whole handle any more) */
+                        if (a->lanes_open)
+                            next = vmm_tree_lower_bound(r->free_tree[pool], NULL, 0, 0);
                     }
                 }
                 b = next;
@@ -1150,7 +1184,10 @@ void vmm_seg_free_empty(vmm_allocator *a)
         vmm_block *b = s->first;
         if (s->expandable && b->state == VMM_BLOCK_UNMAPPED && !b->next && !s->asleep &&
             !quar_overlaps(a, s->base, s->size)) {
+            /* one UNMAPPED block, which no lane path reads */
+            vmm_lanes_yield(a, NULL);
             int r = a->drv->ops->va_free(a->drv, s->base, s->size);
+            vmm_lanes_resume(a, NULL);
             if (r) {
                 vmm_fail_drv(r, "va_free");
                 return;
@@ -1184,7 +1221,9 @@ int vmm_seg_classic_alloc(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t
         return vmm_fail(VMM_EHOSTMEM, "out of host memory for a segment record");
     }
     uintptr_t p;
+    vmm_lanes_yield(a, NULL); /* a new segment: no lane's state */
     int r = a->drv->ops->mem_alloc(a->drv, seg_size, &p);
+    vmm_lanes_resume(a, NULL);
     if (r) {
         vmm_meta_free(a->meta, s, sizeof *s);
         vmm_block_delete(a, b);
@@ -1238,16 +1277,24 @@ size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, i
         }
         if (!pick)
             break;
+        /* cuMemFree synchronizes the device: its one block out of the index, every lane goes on
+         * meanwhile (lane.c, "Driver calls") */
+        vmm_block *only = pick->first;
+        vmm_pool_erase(a, only);
+        only->state = VMM_BLOCK_DETACHING;
+        vmm_lanes_yield(a, NULL);
         int r = a->drv->ops->mem_free(a->drv, pick->base);
+        vmm_lanes_resume(a, NULL);
+        only->state = VMM_BLOCK_FREE;
         if (r) {
+            vmm_pool_insert(a, only);
             vmm_fail_drv(r, "mem_free");
             break;
         }
         a->stats.num_device_free++;
         VMM_HISTORY(a, VMM_TRACE_SEGMENT_FREE, pick->base, pick->size, pick->stream);
         freed += pick->size;
-        vmm_pool_erase(a, pick->first);
-        vmm_block_delete(a, pick->first);
+        vmm_block_delete(a, only);
         vmm_stat_update(a->stats.segment, pick->pool, -1);
         vmm_stat_update(a->stats.reserved_bytes, pick->pool, -(int64_t)pick->size);
         vmm_stat_update(a->stats.mapped_bytes, pick->pool, -(int64_t)pick->size);

@@ -116,6 +116,17 @@ VMM_API int vmm_sim_fail_random(vmm_allocator *a, int kind, double p, uint64_t s
     return r ? vmm_fail_drv(r, "vmm_sim_fail_random") : VMM_OK;
 }
 
+VMM_API int vmm_sim_on_call(vmm_allocator *a, int kind, vmm_sim_call_hook fn, void *arg)
+{
+    int rc = need_sim(a, "vmm_sim_on_call");
+    if (rc)
+        return rc;
+    if (kind < -1 || kind >= VMM_SIM_CALL_COUNT)
+        return vmm_fail(VMM_EINVAL, "vmm_sim_on_call: kind %d out of range", kind);
+    int r = vmm_sim_driver_on_call(a->drv, kind, fn, arg);
+    return r ? vmm_fail_drv(r, "vmm_sim_on_call") : VMM_OK;
+}
+
 /* ---- capture ------------------------------------------------------------------------------------ */
 
 VMM_API int vmm_sim_capture_begin(vmm_allocator *a, vmm_stream s, int mode)

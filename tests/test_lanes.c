@@ -3,8 +3,11 @@
  * their own streams do the small pool's cached mallocs and full-bin frees under their lane's lock.
  * What must hold: no two live blocks overlap, the counters are exact once the threads are done,
  * vmm_check sees one state while the lanes run (a checker thread), record_stream's deferred frees
- * and history keep every malloc and free under the allocator lock, and destroy leaks nothing. */
+ * and history keep every malloc and free under the allocator lock, destroy leaks nothing, and no
+ * driver call made under the allocator lock stops another stream's lane path (a sim call hook
+ * waits, inside each call, for another thread's lane mallocs and frees). */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -384,6 +387,199 @@ static void test_destroy_with_lanes(void)
     CHECK(memcmp(&before, &after, sizeof before) == 0);
 }
 
+/* ---- driver calls let the lanes go -------------------------------------------------------------- */
+
+/* A thread on its own stream that, each time it is asked, mallocs and frees blocks over the thread
+ * cache's 64 KiB on its lane (a block it keeps live holds its segment's page mapped). */
+typedef struct runner {
+    vmm_allocator *a;
+    vmm_stream s;
+    _Atomic int asked, done, quit;
+    int errors;
+} runner;
+
+static void runner_round(runner *r)
+{
+    void *p[4] = {NULL};
+    for (int i = 0; i < 4; i++)
+        if (vmm_malloc(r->a, (size_t)(100 + i) << 10, r->s, &p[i]) != VMM_OK)
+            r->errors++;
+    for (int i = 0; i < 4; i++)
+        if (p[i] && vmm_free(r->a, p[i]) != VMM_OK)
+            r->errors++;
+}
+
+static void *runner_main(void *arg)
+{
+    runner *r = arg;
+    void *keep = NULL;
+    if (vmm_malloc(r->a, 1024, r->s, &keep) != VMM_OK)
+        r->errors++;
+    runner_round(r); /* its lane's segment: made under the allocator lock, before any hook */
+    atomic_store(&r->done, atomic_load(&r->asked));
+    int seen = atomic_load(&r->done);
+    while (!atomic_load(&r->quit)) {
+        int want = atomic_load(&r->asked);
+        if (want == seen) {
+            sched_yield();
+            continue;
+        }
+        runner_round(r);
+        seen = want;
+        atomic_store(&r->done, seen);
+    }
+    if (keep && vmm_free(r->a, keep) != VMM_OK)
+        r->errors++;
+    return NULL;
+}
+
+/* The hook: at each driver call of the main thread, ask the runner for a round and wait for it
+ * (at most 2 s: a lane lock held across the call would stop the runner until the call ends). */
+typedef struct call_watch {
+    runner *r;
+    pthread_t main;
+    int hooked[VMM_SIM_CALL_COUNT];
+    int blocked[VMM_SIM_CALL_COUNT];
+    int failed;
+    int open_at_sync; /* a sync call opens the gate (below) once the runner is through */
+} call_watch;
+
+static _Atomic int gate_open;
+
+static void on_call(void *arg, int kind)
+{
+    call_watch *w = arg;
+    if (!pthread_equal(pthread_self(), w->main) || w->failed)
+        return;
+    w->hooked[kind]++;
+    int want = atomic_fetch_add(&w->r->asked, 1) + 1;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int sync = kind == VMM_SIM_CALL_EVENT_SYNC || kind == VMM_SIM_CALL_STREAM_SYNC ||
+               kind == VMM_SIM_CALL_DEVICE_SYNC;
+    do {
+        if (atomic_load(&w->r->done) >= want) {
+            if (sync && w->open_at_sync)
+                atomic_store(&gate_open, 1); /* else the wait would never end */
+            return;
+        }
+        sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while ((t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) < 2000000000LL);
+    w->blocked[kind]++;
+    w->failed = 1; /* once is enough: the rest would each wait 2 s */
+    atomic_store(&gate_open, 1);
+    fprintf(stderr, "test_lanes: another stream's lane path waited through %s\n", vmm_sim_call_name(kind));
+}
+
+static void gate(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&gate_open))
+        sched_yield();
+}
+
+/* Every driver call a malloc, free or vmm_empty_cache makes under the allocator lock while lanes
+ * are open (issue 13: no driver call, event query or wait while holding a lock the cached path of
+ * other streams needs): record_stream's event, the free's event record, the poll of pending frees,
+ * fences, unmaps, handle releases, VA frees; a growth's creates, maps and access grant with
+ * grow_unlocked:false; classic mode's cudaMalloc and cudaFree. Another thread's lane path goes on
+ * inside each of them. */
+static void test_driver_calls_let_lanes_go(void)
+{
+    static const char *const confs[] = {"expandable_segments:true", "grow_unlocked:false",
+                                        "expandable_segments:false"};
+    for (int c = 0; c < 3; c++) {
+        int classic = c == 2;
+        vmm_allocator *a = make_with(confs[c]);
+        CHECK(run_rings(a, 2, 4000, 0) > 0);
+        CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
+        vmm_stream s1, s2;
+        runner r;
+        memset(&r, 0, sizeof r);
+        r.a = a;
+        CHECK_OK(vmm_sim_stream_create(a, &s1));
+        CHECK_OK(vmm_sim_stream_create(a, &s2));
+        CHECK_OK(vmm_sim_stream_create(a, &r.s));
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, runner_main, &r) == 0);
+        while (atomic_load(&r.done) < 0 || !atomic_load(&r.done)) { /* its first round */
+            atomic_store(&r.asked, 1);
+            sched_yield();
+        }
+        call_watch w;
+        memset(&w, 0, sizeof w);
+        w.r = &r;
+        w.main = pthread_self();
+        long long lane_before = vmm_test_json_num(a, "lanes.mallocs");
+        CHECK_OK(vmm_sim_on_call(a, -1, on_call, &w));
+
+        /* record_stream (an event made ready for s2), the free (recorded), then a malloc under
+         * the allocator lock that polls it while s2 is held up (queried, not ready) */
+        void *p = NULL, *q = NULL, *big = NULL;
+        atomic_store(&gate_open, 0);
+        CHECK_OK(vmm_sim_launch(a, s2, gate, NULL));
+        CHECK_OK(vmm_malloc(a, 200 << 10, s1, &p));
+        CHECK_OK(vmm_record_stream(a, p, s2));
+        CHECK_OK(vmm_free(a, p));
+        CHECK_OK(vmm_malloc(a, (size_t)8 << 20, s1, &big)); /* large pool: the allocator lock */
+        CHECK_OK(vmm_malloc(a, (size_t)3 << 20, s1, &q));
+        atomic_store(&gate_open, 1);
+        CHECK_OK(vmm_sim_synchronize(a));
+        CHECK_OK(vmm_free(a, q));
+        CHECK_OK(vmm_free(a, big));
+        /* fences, unmaps of the idle pages, handle releases, VA frees (classic: cudaFree) */
+        CHECK_OK(vmm_empty_cache(a));
+        /* the OOM path's last resort: a request of the whole device (2 GiB) with a free pending
+         * on s2, whose event it waits for (the hook opens the gate) */
+        atomic_store(&gate_open, 0);
+        CHECK_OK(vmm_sim_launch(a, s2, gate, NULL));
+        CHECK_OK(vmm_malloc(a, 200 << 10, s1, &p));
+        CHECK_OK(vmm_record_stream(a, p, s2));
+        CHECK_OK(vmm_free(a, p));
+        w.open_at_sync = 1;
+        q = NULL;
+        CHECK_EQ(vmm_malloc(a, (size_t)2 << 30, s1, &q), VMM_ENOMEM);
+        w.open_at_sync = 0;
+        CHECK(atomic_load(&gate_open));
+        atomic_store(&gate_open, 1);
+        CHECK_OK(vmm_sim_synchronize(a));
+        CHECK_OK(vmm_empty_cache(a));
+        CHECK_OK(vmm_sim_on_call(a, -1, NULL, NULL));
+
+        for (int k = 0; k < VMM_SIM_CALL_COUNT; k++)
+            CHECK_EQ(w.blocked[k], 0);
+        CHECK(w.hooked[VMM_SIM_CALL_EVENT_RECORD] >= 1);
+        CHECK(w.hooked[VMM_SIM_CALL_EVENT_QUERY] >= 1);
+        CHECK(w.hooked[VMM_SIM_CALL_EVENT_SYNC] >= 1);
+        if (classic) {
+            CHECK(w.hooked[VMM_SIM_CALL_MEM_ALLOC] >= 1);
+            CHECK(w.hooked[VMM_SIM_CALL_MEM_FREE] >= 1);
+        } else {
+            CHECK(w.hooked[VMM_SIM_CALL_MEM_CREATE] >= 1);
+            CHECK(w.hooked[VMM_SIM_CALL_MEM_MAP] >= 1);
+            CHECK(w.hooked[VMM_SIM_CALL_SET_ACCESS] >= 1);
+            CHECK(w.hooked[VMM_SIM_CALL_MEM_UNMAP] >= 1);
+            CHECK(w.hooked[VMM_SIM_CALL_MEM_RELEASE] >= 1);
+            CHECK(w.hooked[VMM_SIM_CALL_VA_FREE] >= 1);
+        }
+        /* the runner's rounds went through its lane, not the allocator lock */
+        int calls = 0;
+        for (int k = 0; k < VMM_SIM_CALL_COUNT; k++)
+            calls += w.hooked[k];
+        CHECK(vmm_test_json_num(a, "lanes.mallocs") - lane_before >= 4LL * calls);
+        atomic_store(&r.quit, 1);
+        pthread_join(t, NULL);
+        CHECK_EQ(r.errors, 0);
+        CHECK_OK(vmm_check(a));
+        CHECK_OK(vmm_sim_stream_destroy(a, s1));
+        CHECK_OK(vmm_sim_stream_destroy(a, s2));
+        CHECK_OK(vmm_sim_stream_destroy(a, r.s));
+        check_empty(a);
+        vmm_destroy(a);
+    }
+}
+
 int main(void)
 {
     test_closed_with_one_thread();
@@ -394,5 +590,6 @@ int main(void)
     test_one_thread_after_open();
     test_lanes_step_aside();
     test_destroy_with_lanes();
+    test_driver_calls_let_lanes_go();
     TEST_DONE();
 }
