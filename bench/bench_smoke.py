@@ -274,7 +274,18 @@ def t_latency(bench, wdir, src):
 def t_growth(bench, wdir, src):
     p = run([bench, "growth", "--quick", "--json"])
     check(p.returncode == 0, f"growth exit 0: {p.stderr}")
-    rows = {r["grow_unlocked"]: r for r in (json.loads(l) for l in p.stdout.splitlines() if l.strip())}
+    lines = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+    rows = {r["grow_unlocked"]: r for r in lines if r.get("bench") == "growth"}
+    calls = {r["lanes"]: r for r in lines if r.get("bench") == "growth_calls"}
+    check(set(calls) == {True, False}, f"growth: both lanes settings reported: {sorted(calls)}")
+    if set(calls) == {True, False}:
+        for r in calls.values():
+            check(r["pairs"] > 0 and 0 < r["median_us"] <= r["p99_us"] <= r["max_us"], f"growth: sane row {r}")
+        # every pair after the lanes opened ran on its lane; without lanes none did (timing is not
+        # checked here: the VM's scheduling decides the longest pair; docs/benchmarks.md has runs)
+        check(calls[True]["lane_mallocs"] >= calls[True]["pairs"],
+              f"growth: pairs on their lane {calls[True]['lane_mallocs']} of {calls[True]['pairs']}")
+        check(calls[False]["lane_mallocs"] == 0, f"growth: lanes:false made lane mallocs")
     check(set(rows) == {True, False}, f"growth: both settings reported: {sorted(rows)}")
     if set(rows) == {True, False}:
         for r in rows.values():

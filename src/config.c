@@ -499,6 +499,14 @@ static int f_sim_rt_create(const vmm_config *c, char *b, size_t n)
 {
     return snprintf(b, n, "%s", c->sim.real_time_create ? "true" : "false");
 }
+static int p_sim_rt(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->sim.real_time);
+}
+static int f_sim_rt(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->sim.real_time ? "true" : "false");
+}
 static int p_sim_vmm(vmm_config *c, const char *key, token v)
 {
     return parse_bool(key, v, &c->sim.vmm_supported);
@@ -650,6 +658,8 @@ static const option_desc options[] = {
      "override modeled costs, [kind:ns,...] (defaults from measured CUDA costs; see docs)"},
     {"sim_real_time_create", p_sim_rt_create, f_sim_rt_create,
      "true: each mem_create also takes its modeled cost in real time (a sleep, no lock held), for concurrency tests (default false)"},
+    {"sim_real_time", p_sim_rt, f_sim_rt,
+     "true: every call takes its modeled cost in real time (a sleep, no lock held), for what other threads wait for (default false)"},
     {"sim_fault_kind", p_sim_fault_kind, f_sim_fault_kind,
      "call kind that fails at random: none, all or a kind such as mem_map (default none)"},
     {"sim_fault_p", p_sim_fault_p, f_sim_fault_p, "probability that such a call fails (default 0)"},

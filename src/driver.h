@@ -238,6 +238,7 @@ typedef struct vmm_sim_options {
     int vmm_supported;       /* 0 simulates a device without VMM support */
     int cost_model;          /* 1: add modeled per-call costs to driver_time_ns */
     int real_time_create;    /* 1: mem_create sleeps its modeled cost, outside the device lock */
+    int real_time;           /* 1: every call does (mem_create included) */
     uint64_t cost_ns[VMM_SIM_CALL_COUNT]; /* modeled cost per call kind, nanoseconds */
     int fail_kind;           /* -2: none; -1 all kinds; else a VMM_SIM_CALL_* with fail_p */
     double fail_p;

@@ -467,6 +467,13 @@ static int injected_result(int kind)
     }
 }
 
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
 /* Count a call (mu held): returns the injected failure, or 0 to go on. */
 static int call_begin_locked(sim_device *d, int kind)
 {
@@ -478,6 +485,12 @@ static int call_begin_locked(sim_device *d, int kind)
         void *arg = d->hook_arg;
         pthread_mutex_unlock(&d->mu);
         fn(arg, kind);
+        pthread_mutex_lock(&d->mu);
+    }
+    if (VMM_UNLIKELY(d->opt.real_time)) {
+        /* the modeled cost in real time, the device lock let go as for the hook above */
+        pthread_mutex_unlock(&d->mu);
+        sleep_ns(d->opt.cost_ns[kind]);
         pthread_mutex_lock(&d->mu);
     }
     d->calls[kind]++;
@@ -795,13 +808,10 @@ static int sim_mem_create(vmm_driver *drv, size_t size, vmm_phys *out)
     pthread_mutex_lock(&d->mu);
     int r = call_begin_locked(d, VMM_SIM_CALL_MEM_CREATE);
     pthread_mutex_unlock(&d->mu);
-    if (d->opt.real_time_create) {
+    if (d->opt.real_time_create && !d->opt.real_time) {
         /* the call's modeled cost in real time, no lock held: what other threads wait for when the
          * caller holds one of its own (tests of segment.c's unlocked growth) */
-        uint64_t ns = d->opt.cost_ns[VMM_SIM_CALL_MEM_CREATE];
-        struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
+        sleep_ns(d->opt.cost_ns[VMM_SIM_CALL_MEM_CREATE]);
     }
     pthread_mutex_lock(&d->mu);
     if (!r)
