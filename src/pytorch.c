@@ -90,11 +90,15 @@ static vmm_allocator *existing(int device)
     return atomic_load_explicit(&g_alloc[device], memory_order_acquire);
 }
 
-/* Capture guard: stream captures and no private-pool route takes its allocations. */
+/* Capture guard: stream captures and no private-pool route takes its allocations. The capture
+ * query first, without the allocator lock: a malloc on a stream that does not capture (nearly all)
+ * keeps its lock-free paths (thread cache, lane). */
 static int capture_refused(vmm_allocator *a, void *stream)
 {
+    if (!vmm_capture_stream(a, stream, NULL))
+        return 0;
     vmm_lock(a);
-    int refused = vmm_mempool_route(a, stream) == NULL && vmm_capture_stream(a, stream, NULL);
+    int refused = vmm_mempool_route(a, stream) == NULL;
     vmm_unlock(a);
     return refused;
 }

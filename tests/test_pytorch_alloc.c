@@ -190,6 +190,48 @@ static void test_helpers(void)
     vmm_torch_free(q, 1 << 20, 1, NULL);
 }
 
+/* Without the graph hooks the capture guard refuses a malloc on a capturing stream that no private
+ * pool routes; a stream that does not capture is served as ever (off the allocator lock when its
+ * thread cache has the block: the capture query comes first). */
+static void test_capture_guard(void)
+{
+    char msg[2048];
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_torch_get_allocator(0, &a));
+    vmm_stream s = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s));
+    CHECK_EQ(vmm_torch_set_capture_guard(1), 0);
+    void *p = vmm_torch_malloc(4096, 0, s);
+    CHECK(p != NULL);
+    vmm_torch_free(p, 4096, 0, s);
+    long long hits = 0;
+    char js[1 << 16];
+    for (int i = 0; i < 2; i++) { /* the second malloc: the block the first free cached */
+        p = vmm_torch_malloc(4096, 0, s);
+        CHECK(p != NULL);
+        vmm_torch_free(p, 4096, 0, s);
+    }
+    CHECK(vmm_torch_stats_json(0, js, sizeof js) > 0);
+    const char *h = strstr(js, "\"thread_caches.malloc_hits\":");
+    CHECK(h != NULL);
+    if (h)
+        hits = atoll(h + strlen("\"thread_caches.malloc_hits\":"));
+    CHECK(hits >= 2);
+    CHECK_OK(vmm_sim_capture_begin(a, s, VMM_SIM_CAPTURE_RELAXED));
+    CHECK(vmm_torch_malloc(4096, 0, s) == NULL);
+    CHECK(vmm_torch_last_error(msg, sizeof msg) > 0 && strstr(msg, "capturing a CUDA graph") != NULL);
+    vmm_sim_graph *g = NULL;
+    CHECK_OK(vmm_sim_capture_end(a, s, &g));
+    vmm_sim_graph_destroy(g);
+    p = vmm_torch_malloc(4096, 0, s); /* the capture is over */
+    CHECK(p != NULL);
+    vmm_torch_free(p, 4096, 0, s);
+    CHECK_EQ(vmm_torch_set_capture_guard(0), 1);
+    CHECK_OK(vmm_sim_synchronize(a));
+    CHECK_OK(vmm_torch_empty_cache(0));
+    CHECK_OK(vmm_sim_stream_destroy(a, s));
+}
+
 static void test_bad_env_conf(void)
 {
     char msg[2048];
@@ -218,6 +260,7 @@ int main(void)
     test_configure();
     test_threads_two_devices();
     test_helpers();
+    test_capture_guard();
     test_bad_env_conf();
     vmm_sim_counters g;
     vmm_sim_global_live(&g);
