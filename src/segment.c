@@ -860,7 +860,8 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
     size_t fresh = pl.new_pages * ps;
     if (fresh && reserved_now(a) + fresh > a->reserved_hwm) {
         size_t over = reserved_now(a) + fresh - a->reserved_hwm;
-        if (recycle_idle(a, ps, over < fresh ? over : fresh, best))
+        /* lanes ran during its driver calls: best's free neighbours may have changed */
+        if (recycle_idle(a, ps, over < fresh ? over : fresh, best) || a->lanes_open)
             best = grow_target(a, sr, pool, size, &best_need);
     }
     if (!best) {
@@ -1060,9 +1061,20 @@ static int has_whole_handle(const vmm_block *b)
     return whole_handles(b, 1, &p0, &p1) != 0;
 }
 
+/* A candidate of recycle_idle, by its place in its lane's index rather than its record: the lanes
+ * run while reclaim_block unmaps (lane.c, "Driver calls"), and may take, merge or split it. */
+typedef struct recycle_cand {
+    vmm_stream_rec *r;
+    int pool;
+    vmm_stream key;
+    size_t size;
+    uintptr_t addr;
+    uint64_t gc_stamp;
+} recycle_cand;
+
 /* Idle FREE blocks with a whole page, other than k0 / k1; stored in out unless it is NULL. */
 static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vmm_block *k1,
-                                 vmm_block **out)
+                                 recycle_cand *out)
 {
     size_t n = 0;
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
@@ -1075,7 +1087,7 @@ static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vm
                     !vmm_block_idle(b))
                     continue;
                 if (out)
-                    out[n] = b;
+                    out[n] = (recycle_cand){r, pool, b->seg->key, b->size, b->addr, b->gc_stamp};
                 n++;
             }
         }
@@ -1083,9 +1095,18 @@ static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vm
     return n;
 }
 
+/* The candidate's block if it is still there as it was: FREE, idle, holding a whole handle. */
+static vmm_block *recycle_find(const recycle_cand *c)
+{
+    vmm_block *b = vmm_tree_lower_bound(c->r->free_tree[c->pool], c->key, c->size, c->addr);
+    if (!b || b->addr != c->addr || b->size != c->size || b->seg->key != c->key)
+        return NULL;
+    return has_whole_handle(b) && vmm_block_idle(b) ? b : NULL;
+}
+
 static int older_first(const void *x, const void *y)
 {
-    const vmm_block *p = *(vmm_block *const *)x, *q = *(vmm_block *const *)y;
+    const recycle_cand *p = x, *q = y;
     if (p->gc_stamp != q->gc_stamp)
         return p->gc_stamp < q->gc_stamp ? -1 : 1;
     return p->addr < q->addr ? -1 : p->addr > q->addr;
@@ -1104,42 +1125,34 @@ static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_b
      * now, a busy one by a later growth */
     vmm_fences_record(a);
     vmm_fences_poll(a);
+    const vmm_block *k0 = NULL, *k1 = NULL;
+    if (target && target->prev && target->prev->state == VMM_BLOCK_FREE)
+        k0 = target->prev;
+    if (target && target->next && target->next->state == VMM_BLOCK_FREE)
+        k1 = target->next;
+    size_t n = recycle_candidates(a, k0, k1, NULL);
+    recycle_cand *c = n ? vmm_meta_alloc(a->meta, n * sizeof *c) : NULL;
+    if (!c)
+        return got;
+    recycle_candidates(a, k0, k1, c);
+    qsort(c, n, sizeof *c, older_first);
     size_t other = 0;
-    int again = 1, refused = 0;
-    while (again && !refused && got < want) {
-        again = 0;
-        /* target is UNMAPPED, which no lane path touches; its free neighbours are read anew */
-        const vmm_block *k0 = NULL, *k1 = NULL;
-        if (target && target->prev && target->prev->state == VMM_BLOCK_FREE)
-            k0 = target->prev;
-        if (target && target->next && target->next->state == VMM_BLOCK_FREE)
-            k1 = target->next;
-        size_t n = recycle_candidates(a, k0, k1, NULL);
-        vmm_block **c = n ? vmm_meta_alloc(a->meta, n * sizeof *c) : NULL;
-        if (!c)
-            break;
-        recycle_candidates(a, k0, k1, c);
-        qsort(c, n, sizeof *c, older_first);
-        /* reclaim_block only splits its own block and merges unmapped ones: later candidates (FREE
-         * blocks) stay valid, unless the lanes ran during its unmaps (lane.c, "Driver calls"):
-         * then the list is made again */
-        for (size_t i = 0; i < n && got < want; i++) {
-            size_t bps = c[i]->seg->page_size;
-            size_t k = reclaim_block(a, c[i], (want - got + bps - 1) / bps);
-            if (!k) {
-                refused = 1; /* the driver refuses: growth creates handles instead */
-                break;
-            }
-            got += k * bps;
-            if (bps != ps)
-                other += k * bps;
-            if (a->lanes_open) {
-                again = 1;
-                break;
-            }
-        }
-        vmm_meta_free(a->meta, c, n * sizeof *c);
+    /* each candidate looked up again: reclaim_block splits its own block and merges unmapped ones,
+     * and the lanes run during its unmaps; target's free neighbours of the moment stay (an unmapped
+     * range beside target would merge with it) */
+    for (size_t i = 0; i < n && got < want; i++) {
+        vmm_block *b = recycle_find(&c[i]);
+        if (!b || (target && (b == target->prev || b == target->next)))
+            continue;
+        size_t bps = b->seg->page_size;
+        size_t k = reclaim_block(a, b, (want - got + bps - 1) / bps);
+        if (!k)
+            break; /* the driver refuses: growth creates handles instead */
+        got += k * bps;
+        if (bps != ps)
+            other += k * bps;
     }
+    vmm_meta_free(a->meta, c, n * sizeof *c);
     if (other)
         vmm_handles_release(a, ps, other);
     return got;
@@ -1156,16 +1169,19 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
             vmm_block *b = vmm_tree_lower_bound(r->free_tree[pool], NULL, 0, 0);
             while (b && got < want) {
                 vmm_block *next = vmm_tree_next(r->free_tree[pool], b);
+                vmm_stream nk = next ? next->seg->key : NULL;
+                size_t ns = next ? next->size : 0;
+                uintptr_t na = next ? next->addr : 0;
                 if (b->seg->expandable && vmm_block_idle(b)) {
                     if (has_whole_handle(b)) {
                         size_t n = reclaim_block(a, b, want - got);
                         if (n == 0)
                             return got; /* the driver refuses: stop here */
                         got += n;
-                        /* the lanes ran during the unmaps: next may be gone, start the lane
-                         * again (what was reclaimed holds no whole handle any more) */
-                        if (a->lanes_open)
-                            next = vmm_tree_lower_bound(r->free_tree[pool], NULL, 0, 0);
+                        /* the lanes ran during the unmaps: next may be gone, so find where it
+                         * was by its key (b's pieces are smaller: they sort before it) */
+                        if (a->lanes_open && next)
+                            next = vmm_tree_lower_bound(r->free_tree[pool], nk, ns, na);
                     }
                 }
                 b = next;
@@ -1379,7 +1395,9 @@ static int seg_regrant_all(vmm_allocator *a)
             size_t end = pg;
             while (end < s->n_pages && s->pages[end])
                 end++;
+            vmm_lanes_yield(a, NULL); /* mapped pages: only the allocator lock's holder changes them */
             int r = a->drv->ops->set_access(a->drv, s->base + pg * ps, (end - pg) * ps);
+            vmm_lanes_resume(a, NULL);
             if (r)
                 return vmm_fail_drv(r, "vmm_enable_peer_access: set_access");
             pg = end;
