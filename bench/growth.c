@@ -74,6 +74,43 @@ static void pairs_of(run_ctx *r, size_t bytes)
 
 static void pairs(run_ctx *r) { pairs_of(r, (size_t)PAIR_MIB << 20); }
 
+/* An allocator of conf with G's and C's streams; BENCH_EXIT_OK or the failure, reported. */
+static int run_open(run_ctx *r, const char *conf)
+{
+    if (vmm_create(conf, &r->a) != VMM_OK) {
+        fprintf(stderr, "vmm-bench growth: vmm_create(%s): %s\n", conf, vmm_last_error());
+        return BENCH_EXIT_FAIL;
+    }
+    if (vmm_sim_stream_create(r->a, &r->gs) != VMM_OK || vmm_sim_stream_create(r->a, &r->cs) != VMM_OK) {
+        fprintf(stderr, "vmm-bench growth: vmm_sim_stream_create: %s\n", vmm_last_error());
+        vmm_destroy(r->a);
+        return BENCH_EXIT_FAIL;
+    }
+    r->samples = bench_xmalloc(MAX_SAMPLES * sizeof *r->samples);
+    return BENCH_EXIT_OK;
+}
+
+static void run_close(run_ctx *r)
+{
+    free(r->samples);
+    vmm_sim_stream_destroy(r->a, r->gs);
+    vmm_sim_stream_destroy(r->a, r->cs);
+    vmm_destroy(r->a);
+}
+
+/* BENCH_EXIT_OK with C's median, p99 and longest pair in us, or the failure, reported. */
+static int run_result(run_ctx *r, double q[3])
+{
+    if (r->errors || !r->n) {
+        fprintf(stderr, "vmm-bench growth: %d failed calls, %zu pairs\n", r->errors, r->n);
+        return BENCH_EXIT_FAIL;
+    }
+    q[0] = bench_quantile(r->samples, r->n, 0.5) / 1e3;
+    q[1] = bench_quantile(r->samples, r->n, 0.99) / 1e3;
+    q[2] = bench_quantile(r->samples, r->n, 1.0) / 1e3;
+    return BENCH_EXIT_OK;
+}
+
 static int one(int unlocked, int grows, int json)
 {
     char conf[256];
@@ -82,42 +119,26 @@ static int one(int unlocked, int grows, int json)
              unlocked ? "true" : "false");
     run_ctx r = {0};
     r.grows = grows;
-    if (vmm_create(conf, &r.a) != VMM_OK) {
-        fprintf(stderr, "vmm-bench growth: vmm_create(%s): %s\n", conf, vmm_last_error());
+    if (run_open(&r, conf) != BENCH_EXIT_OK)
         return BENCH_EXIT_FAIL;
-    }
-    if (vmm_sim_stream_create(r.a, &r.gs) != VMM_OK || vmm_sim_stream_create(r.a, &r.cs) != VMM_OK) {
-        fprintf(stderr, "vmm-bench growth: vmm_sim_stream_create: %s\n", vmm_last_error());
-        vmm_destroy(r.a);
-        return BENCH_EXIT_FAIL;
-    }
     /* C's block exists before G starts: its pairs are cached from then on */
     void *p = NULL;
     if (vmm_malloc(r.a, (size_t)PAIR_MIB << 20, r.cs, &p) == VMM_OK)
         vmm_free(r.a, p);
-    r.samples = bench_xmalloc(MAX_SAMPLES * sizeof *r.samples);
     pthread_t t;
     pthread_create(&t, NULL, grower, &r);
     pairs(&r);
     pthread_join(t, NULL);
-    int rc = r.errors || !r.n ? BENCH_EXIT_FAIL : BENCH_EXIT_OK;
-    if (rc) {
-        fprintf(stderr, "vmm-bench growth: %d failed calls, %zu pairs\n", r.errors, r.n);
-    } else {
-        double med = bench_quantile(r.samples, r.n, 0.5) / 1e3, p99 = bench_quantile(r.samples, r.n, 0.99) / 1e3,
-               max = bench_quantile(r.samples, r.n, 1.0) / 1e3;
-        if (json)
-            printf("{\"bench\":\"growth\",\"grow_unlocked\":%s,\"pairs\":%zu,\"median_us\":%.2f,\"p99_us\":%.2f,"
-                   "\"max_us\":%.2f,\"ms_per_growth\":%.3f}\n",
-                   unlocked ? "true" : "false", r.n, med, p99, max, r.grow_ms);
-        else
-            printf("%13s %10zu %10.2f %10.2f %10.1f %14.3f\n", unlocked ? "true" : "false", r.n, med, p99, max,
-                   r.grow_ms);
-    }
-    free(r.samples);
-    vmm_sim_stream_destroy(r.a, r.gs);
-    vmm_sim_stream_destroy(r.a, r.cs);
-    vmm_destroy(r.a);
+    double q[3];
+    int rc = run_result(&r, q);
+    if (!rc && json)
+        printf("{\"bench\":\"growth\",\"grow_unlocked\":%s,\"pairs\":%zu,\"median_us\":%.2f,\"p99_us\":%.2f,"
+               "\"max_us\":%.2f,\"ms_per_growth\":%.3f}\n",
+               unlocked ? "true" : "false", r.n, q[0], q[1], q[2], r.grow_ms);
+    else if (!rc)
+        printf("%13s %10zu %10.2f %10.2f %10.1f %14.3f\n", unlocked ? "true" : "false", r.n, q[0], q[1], q[2],
+               r.grow_ms);
+    run_close(&r);
     return rc;
 }
 
@@ -154,15 +175,8 @@ static int calls_one(int lanes, int rounds, int json)
              lanes ? "true" : "false");
     run_ctx r = {0};
     r.grows = rounds;
-    if (vmm_create(conf, &r.a) != VMM_OK) {
-        fprintf(stderr, "vmm-bench growth: vmm_create(%s): %s\n", conf, vmm_last_error());
+    if (run_open(&r, conf) != BENCH_EXIT_OK)
         return BENCH_EXIT_FAIL;
-    }
-    if (vmm_sim_stream_create(r.a, &r.gs) != VMM_OK || vmm_sim_stream_create(r.a, &r.cs) != VMM_OK) {
-        fprintf(stderr, "vmm-bench growth: vmm_sim_stream_create: %s\n", vmm_last_error());
-        vmm_destroy(r.a);
-        return BENCH_EXIT_FAIL;
-    }
     /* C's block exists before G starts, beside one C keeps, which holds their 2 MiB page mapped:
      * vmm_empty_cache cannot take it, so every pair is a cached one */
     size_t bytes = (size_t)CALLS_PAIR_KIB << 10;
@@ -170,7 +184,6 @@ static int calls_one(int lanes, int rounds, int json)
     if (vmm_malloc(r.a, bytes, r.cs, &keep) != VMM_OK || vmm_malloc(r.a, bytes, r.cs, &p) != VMM_OK ||
         vmm_free(r.a, p) != VMM_OK)
         r.errors++;
-    r.samples = bench_xmalloc(MAX_SAMPLES * sizeof *r.samples);
     pthread_t t;
     pthread_create(&t, NULL, emptier, &r);
     pairs_of(&r, bytes);
@@ -182,25 +195,17 @@ static int calls_one(int lanes, int rounds, int json)
         if (q)
             lane_mallocs = atoll(q + strlen("\"lanes.mallocs\":"));
     }
-    int rc = r.errors || !r.n ? BENCH_EXIT_FAIL : BENCH_EXIT_OK;
-    if (rc) {
-        fprintf(stderr, "vmm-bench growth: %d failed calls, %zu pairs\n", r.errors, r.n);
-    } else {
-        double med = bench_quantile(r.samples, r.n, 0.5) / 1e3, p99 = bench_quantile(r.samples, r.n, 0.99) / 1e3,
-               max = bench_quantile(r.samples, r.n, 1.0) / 1e3;
-        if (json)
-            printf("{\"bench\":\"growth_calls\",\"lanes\":%s,\"pairs\":%zu,\"lane_mallocs\":%lld,"
-                   "\"median_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.2f,\"ms_per_round\":%.3f}\n",
-                   lanes ? "true" : "false", r.n, lane_mallocs, med, p99, max, r.grow_ms);
-        else
-            printf("%13s %10zu %12lld %10.2f %10.2f %10.1f %13.3f\n", lanes ? "true" : "false", r.n, lane_mallocs,
-                   med, p99, max, r.grow_ms);
-    }
-    free(r.samples);
+    double q[3];
+    int rc = run_result(&r, q);
+    if (!rc && json)
+        printf("{\"bench\":\"growth_calls\",\"lanes\":%s,\"pairs\":%zu,\"lane_mallocs\":%lld,"
+               "\"median_us\":%.2f,\"p99_us\":%.2f,\"max_us\":%.2f,\"ms_per_round\":%.3f}\n",
+               lanes ? "true" : "false", r.n, lane_mallocs, q[0], q[1], q[2], r.grow_ms);
+    else if (!rc)
+        printf("%13s %10zu %12lld %10.2f %10.2f %10.1f %13.3f\n", lanes ? "true" : "false", r.n, lane_mallocs,
+               q[0], q[1], q[2], r.grow_ms);
     vmm_free(r.a, keep);
-    vmm_sim_stream_destroy(r.a, r.gs);
-    vmm_sim_stream_destroy(r.a, r.cs);
-    vmm_destroy(r.a);
+    run_close(&r);
     return rc;
 }
 

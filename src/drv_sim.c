@@ -2101,14 +2101,21 @@ int vmm_sim_driver_counters(vmm_driver *drv, vmm_sim_counters *out)
     return VMM_DRV_SUCCESS;
 }
 
+/* The test setters' argument check: a sim driver, a call kind or -1 (every kind). */
+static int setter_check(const vmm_driver *drv, int kind)
+{
+    if (!drv || !drv->is_sim)
+        return VMM_DRV_NOT_SUPPORTED;
+    return kind < -1 || kind >= VMM_SIM_CALL_COUNT ? VMM_DRV_INVALID_VALUE : VMM_DRV_SUCCESS;
+}
+
 /* nth == 0 cancels a pending nth failure of that kind. kind -1 counts calls of every kind that
  * "every kind" covers (see kind_in_any). */
 int vmm_sim_driver_fail_nth(vmm_driver *drv, int kind, uint64_t nth)
 {
-    if (!drv || !drv->is_sim)
-        return VMM_DRV_NOT_SUPPORTED;
-    if (kind < -1 || kind >= VMM_SIM_CALL_COUNT)
-        return VMM_DRV_INVALID_VALUE;
+    int r = setter_check(drv, kind);
+    if (r)
+        return r;
     sim_device *d = dev_of(drv);
     pthread_mutex_lock(&d->mu);
     if (kind == -1)
@@ -2121,10 +2128,9 @@ int vmm_sim_driver_fail_nth(vmm_driver *drv, int kind, uint64_t nth)
 
 int vmm_sim_driver_on_call(vmm_driver *drv, int kind, vmm_sim_call_hook fn, void *arg)
 {
-    if (!drv || !drv->is_sim)
-        return VMM_DRV_NOT_SUPPORTED;
-    if (kind < -1 || kind >= VMM_SIM_CALL_COUNT)
-        return VMM_DRV_INVALID_VALUE;
+    int r = setter_check(drv, kind);
+    if (r)
+        return r;
     sim_device *d = dev_of(drv);
     pthread_mutex_lock(&d->mu);
     d->hook = fn;
@@ -2145,9 +2151,10 @@ static void fail_random_locked(sim_device *d, int kind, double p, uint64_t seed)
 /* p in [0, 1]; 0 turns that kind's random failures off. The generator is reseeded each call. */
 int vmm_sim_driver_fail_random(vmm_driver *drv, int kind, double p, uint64_t seed)
 {
-    if (!drv || !drv->is_sim)
-        return VMM_DRV_NOT_SUPPORTED;
-    if (kind < -1 || kind >= VMM_SIM_CALL_COUNT || !(p >= 0.0 && p <= 1.0))
+    int r = setter_check(drv, kind);
+    if (r)
+        return r;
+    if (!(p >= 0.0 && p <= 1.0))
         return VMM_DRV_INVALID_VALUE;
     sim_device *d = dev_of(drv);
     pthread_mutex_lock(&d->mu);
