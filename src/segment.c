@@ -301,24 +301,19 @@ static size_t reserved_now(const vmm_allocator *a)
 
 /* ---- mapping ------------------------------------------------------------------------------ */
 
-/* Unmap one page. Rollback paths retry a few times: a mapping must not outlive its record. */
+/* Unmap one page. Rollback paths retry a few times: a mapping must not outlive its record. The
+ * lanes but keep (NULL: all) are let go meanwhile (lane.c, "Driver calls"): callers pass NULL where
+ * the range is in no lane's reach (DETACHING, MAPPING, UNMAPPED or quarantined), else the lane of
+ * the segment, whose blocks then stay as the caller left them. */
 enum { UNMAP_TRIES = 8 };
-static int unmap_page(vmm_allocator *a, uintptr_t va, size_t ps, int tries)
+static int unmap_page(vmm_allocator *a, const vmm_stream_rec *keep, uintptr_t va, size_t ps, int tries)
 {
     int r = VMM_DRV_SUCCESS;
+    vmm_lanes_yield(a, keep);
     for (int t = 0; t < tries; t++)
         if ((r = a->drv->ops->mem_unmap(a->drv, va, ps)) == VMM_DRV_SUCCESS)
             break;
-    return r;
-}
-
-/* unmap_page with the lanes other than seg's let go meanwhile (lane.c, "Driver calls"): seg's
- * blocks stay as the caller left them. */
-static int unmap_page_yield(vmm_allocator *a, const vmm_segment *seg, uintptr_t va, size_t ps, int tries)
-{
-    vmm_lanes_yield(a, seg->srec);
-    int r = unmap_page(a, va, ps, tries);
-    vmm_lanes_resume(a, seg->srec);
+    vmm_lanes_resume(a, keep);
     return r;
 }
 
@@ -374,7 +369,7 @@ static size_t quar_retry(vmm_allocator *a, int tries, int report)
         return a->n_quar;
     for (size_t i = a->n_quar; i-- > 0;) {
         vmm_quarantined q = a->quar[i];
-        int r = unmap_page(a, q.va, q.size, tries);
+        int r = unmap_page(a, NULL, q.va, q.size, tries);
         if (r) {
             if (report)
                 vmm_fail_drv(r, "mem_unmap (quarantined page)");
@@ -625,7 +620,7 @@ static int seg_map_pages(vmm_allocator *a, vmm_segment *seg, size_t p0, size_t n
         for (size_t k = 0, off = 0; k < got; off += chunk[k++]) {
             uintptr_t va = seg->base + (p0 + off) * ps;
             size_t sz = chunk[k] * ps;
-            if (k < mapped && unmap_page_yield(a, seg, va, sz, UNMAP_TRIES) != VMM_DRV_SUCCESS)
+            if (k < mapped && unmap_page(a, NULL, va, sz, UNMAP_TRIES) != VMM_DRV_SUCCESS)
                 a->quar[a->n_quar++] = (vmm_quarantined){va, sz, hs[k], seg->pool};
             else
                 fh_put(a, hs[k], sz, seg->pool);
@@ -717,7 +712,7 @@ int vmm_seg_unmap_page(vmm_allocator *a, vmm_segment *seg, size_t pg, int releas
     /* room in the cache first: a handle the driver will not release waits there */
     if (fh_reserve(a, a->n_handles) != VMM_OK)
         return VMM_EHOSTMEM;
-    int r = unmap_page_yield(a, seg, seg->base + p0 * ps, sz, UNMAP_TRIES);
+    int r = unmap_page(a, seg->srec, seg->base + p0 * ps, sz, UNMAP_TRIES);
     if (r)
         return vmm_fail_drv(r, "mem_unmap");
     for (size_t k = 0; k < n; k++)
@@ -1014,9 +1009,7 @@ size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest)
     while (k < n) { /* whole handles: detach ranges come from whole_handles */
         size_t e = handle_end(seg, p0 + k) - p0;
         /* u is in no index and not FREE: no lane path takes or merges it meanwhile */
-        vmm_lanes_yield(a, NULL);
-        int dr = unmap_page(a, seg->base + (p0 + k) * ps, (e - k) * ps, 1);
-        vmm_lanes_resume(a, NULL);
+        int dr = unmap_page(a, NULL, seg->base + (p0 + k) * ps, (e - k) * ps, 1);
         if (dr) {
             vmm_fail_drv(dr, "mem_unmap");
             break;
@@ -1354,7 +1347,7 @@ void vmm_seg_destroy_all(vmm_allocator *a)
                     continue;
                 }
                 size_t e = handle_end(s, p);
-                unmap_page(a, s->base + p * s->page_size, (e - p) * s->page_size, UNMAP_TRIES);
+                unmap_page(a, NULL, s->base + p * s->page_size, (e - p) * s->page_size, UNMAP_TRIES);
                 ops->mem_release(a->drv, s->pages[p]);
                 a->n_handles--;
                 p = e;
