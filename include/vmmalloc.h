@@ -119,8 +119,10 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  * Lanes (config key lanes, default true): once a second thread mallocs, a malloc the thread cache
  * missed and a free it did not keep take only their stream's lock when cached memory serves them
  * (a block that fits; a block with no vmm_record_stream use or group), so threads on their own
- * streams do not queue on the allocator's lock. Anything else takes it as before. They turn off
- * for good with the thread caches.
+ * streams do not queue on the allocator's lock. Anything else takes it as before, and whoever holds
+ * it lets the streams' locks go around each driver call it makes (event records and queries, waits,
+ * unmaps, handle releases, cudaMalloc / cudaFree in classic mode), so those never stop another
+ * stream's lane. They turn off for good with the thread caches.
  */
 VMM_API int vmm_free(vmm_allocator *a, void *ptr);
 
