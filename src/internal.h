@@ -382,6 +382,7 @@ struct vmm_allocator {
     uintptr_t lock_owner;              /* lane.c: the thread (vmm_thread_id) that last took the allocator lock to
                                         * malloc, until lanes open (a second thread opens them) */
     int lanes_watch;                   /* lanes may still open (vmm_lanes_update) */
+    int lanes_let_go;                  /* vmm_lanes_yield's depth: nested yields are no-ops */
     int shards_locked;                 /* live shards of the large pool take their locks too: set
                                         * when lanes open, never cleared (a lane path that saw
                                         * lanes_on may probe them after lanes closed) */
@@ -925,16 +926,18 @@ static inline void vmm_unlock(vmm_allocator *a)
 /* Allocator lock held, around a driver call: the lanes other than keep (NULL: all) let go, so that
  * other streams' lane paths run while the driver works (lane.c, "Driver calls"). Between the two
  * the caller touches no state of a lane it let go; vmm_lanes_resume takes them again and folds
- * their books, and what the caller read of their state before may have changed. */
+ * their books, and what the caller read of their state before may have changed. A pair inside
+ * another (a batch of calls let go once, such as the poll of pending frees) does nothing; an inner
+ * pair must then not need a lane kept, which only an outer pair with keep NULL could break. */
 static inline void vmm_lanes_yield(vmm_allocator *a, const vmm_stream_rec *keep)
 {
-    if (VMM_UNLIKELY(a->lanes_open))
+    if (VMM_UNLIKELY(a->lanes_open) && a->lanes_let_go++ == 0)
         vmm_lanes_unlock_but(a, keep);
 }
 
 static inline void vmm_lanes_resume(vmm_allocator *a, const vmm_stream_rec *keep)
 {
-    if (VMM_UNLIKELY(a->lanes_open))
+    if (VMM_UNLIKELY(a->lanes_open) && --a->lanes_let_go == 0)
         vmm_lanes_lock_but(a, keep);
 }
 
