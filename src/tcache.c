@@ -526,9 +526,15 @@ size_t vmm_tc_drain_one(vmm_allocator *a, vmm_tcache *tc)
     return n;
 }
 
-/* The smallest cached block of lane s at least `size` large back (tc locked): a fit once it is back. */
-static size_t give_fit_locked(vmm_allocator *a, vmm_tcache *tc, size_t size, vmm_stream s)
+/* The calling thread's smallest cached block of lane s at least `size` large back: a fit once it
+ * is back. fold: under the allocator lock (its deltas folded), else under the lane's. */
+static size_t give_fit(vmm_allocator *a, size_t size, vmm_stream s, int fold)
 {
+    if (size > TC_MAX_SIZE)
+        return 0;
+    vmm_tcache *tc = fold ? self_locked(a) : self_locked_nofold(a);
+    if (!tc)
+        return 0;
     size_t given = 0;
     for (size_t i = (size + TC_STEP - 1) / TC_STEP - 1; i < TC_BINS && !given; i++) {
         int k = bin_find(&tc->bins[i], s, 1);
@@ -538,32 +544,13 @@ static size_t give_fit_locked(vmm_allocator *a, vmm_tcache *tc, size_t size, vmm
             a->tcs->release(a, b);
         }
     }
-    return given;
-}
-
-size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s)
-{
-    if (size > TC_MAX_SIZE)
-        return 0;
-    vmm_tcache *tc = self_locked(a);
-    if (!tc)
-        return 0;
-    size_t given = give_fit_locked(a, tc, size, s);
     vmm_mutex_unlock(&tc->lock);
     return given;
 }
 
-size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s)
-{
-    if (size > TC_MAX_SIZE)
-        return 0;
-    vmm_tcache *tc = self_locked_nofold(a);
-    if (!tc)
-        return 0;
-    size_t given = give_fit_locked(a, tc, size, s);
-    vmm_mutex_unlock(&tc->lock);
-    return given;
-}
+size_t vmm_tc_give_fit(vmm_allocator *a, size_t size, vmm_stream s) { return give_fit(a, size, s, 1); }
+
+size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s) { return give_fit(a, size, s, 0); }
 
 size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
 {
