@@ -34,6 +34,8 @@ uint64_t bench_rand(uint64_t *state);
 /* Quantile q (0..1) of n doubles; sorts v in place. */
 double bench_quantile(double *v, size_t n, double q);
 void *bench_xmalloc(size_t n);
+/* The number of key in a's vmm_stats_json, or `missing` when the key or the JSON is not there. */
+long long bench_json_num(vmm_allocator *a, const char *key, long long missing);
 void *bench_xrealloc(void *p, size_t n);
 
 /* ---- trace.c --------------------------------------------------------------------------------- */

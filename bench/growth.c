@@ -188,13 +188,7 @@ static int calls_one(int lanes, int rounds, int json)
     pthread_create(&t, NULL, emptier, &r);
     pairs_of(&r, bytes);
     pthread_join(t, NULL);
-    long long lane_mallocs = -1;
-    static char js[1 << 16];
-    if (vmm_stats_json(r.a, js, sizeof js) > 0) {
-        const char *q = strstr(js, "\"lanes.mallocs\":");
-        if (q)
-            lane_mallocs = atoll(q + strlen("\"lanes.mallocs\":"));
-    }
+    long long lane_mallocs = bench_json_num(r.a, "lanes.mallocs", -1);
     double q[3];
     int rc = run_result(&r, q);
     if (!rc && json)

@@ -49,11 +49,7 @@ static int is_fragmentation_oom(vmm_allocator *a, uint64_t request)
  * allocations got. */
 static int64_t private_reserved(vmm_allocator *a)
 {
-    static char json[65536];
-    if (vmm_stats_json(a, json, sizeof json) < 0)
-        return 0;
-    const char *k = strstr(json, "\"private_pools.reserved_bytes\":");
-    return k ? atoll(strchr(k, ':') + 1) : 0;
+    return bench_json_num(a, "private_pools.reserved_bytes", 0);
 }
 
 static int pool_event(vmm_allocator *a, const bench_trace *t, const bench_event *e, vmm_stream s,

@@ -115,6 +115,17 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+long long bench_json_num(vmm_allocator *a, const char *key, long long missing)
+{
+    static char json[1 << 16];
+    if (vmm_stats_json(a, json, sizeof json) < 0)
+        return missing;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *k = strstr(json, pat);
+    return k ? atoll(k + strlen(pat)) : missing;
+}
+
 double bench_quantile(double *v, size_t n, double q)
 {
     if (n == 0)
