@@ -626,7 +626,8 @@ VMM_API int vmm_record_stream(vmm_allocator *a, void *ptr, vmm_stream stream)
             if (rc == VMM_OK) {
                 b->ext->uses[i] = stream;
                 b->ext->events[i] = NULL;
-                b->n_uses++;
+                if (b->n_uses++ == 0)
+                    vmm_live_tc_forbid(a, b); /* its free must record events: no thread cache */
             }
         }
         /* Everything the free needs, now: an event made recordable on `stream` (which may belong

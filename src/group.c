@@ -71,6 +71,7 @@ VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vm
     if (set) {
         b->group = g;
         b->grouped = 1;
+        vmm_live_tc_forbid(a, b); /* freed through the allocator, which drops the group */
     }
     vmm_unlock(a);
     if (!set) {

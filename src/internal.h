@@ -119,8 +119,9 @@ typedef enum vmm_block_state {
 } vmm_block_state;
 /* A block freed into a thread cache (tcache.c) keeps state ALLOCATED and its live-table slot, so
  * that no code under the allocator lock ever sees a field change that only the thread's own lock
- * guards: only `tcached` (1) and `requested` change, and nothing but the owner thread, vmm_free's
- * double-free check and the drains (which hold both locks) reads them. */
+ * guards: only `requested` changes (when the cache hands the block out again), and the free that
+ * put it there touched only its slot (tc_owner). Whether a cache holds a block is its cache's bin's
+ * to say (vmm_tc_holds). */
 
 typedef struct vmm_block vmm_block;
 typedef struct vmm_segment vmm_segment;
@@ -156,7 +157,6 @@ struct vmm_block {
     uint32_t prio;             /* treap priority */
     uint8_t state;             /* vmm_block_state */
     uint8_t in_index;          /* 1 while in a free / unmapped treap */
-    uint8_t tcached;           /* 1 while in a thread cache (see above); guarded by its lock */
     uint8_t grouped;           /* group != NULL (group.c), where the thread caches look */
     uint32_t n_uses;           /* streams in ext->uses (0 when ext is NULL) */
     size_t requested;          /* bytes asked for (allocated / pending blocks) */
@@ -299,16 +299,35 @@ typedef struct vmm_quarantined {
  * other half until lanes open (lane.c), then new ones in that half by region too (pool.c). A
  * shard: open addressing, linear probing, backward-shift deletion, a lock of its own that the
  * small-pool shards always use and the large-pool ones once lanes have opened. Writers hold the
- * allocator lock, or a lane's, and the shard's where it is used; a thread cache's lookup
- * (tcache.c) holds only the shard's; readers holding the allocator lock (which holds every
- * lane's) need none. */
+ * allocator lock, or a lane's, and the shard's where it is used; a thread cache's free (tcache.c)
+ * holds only the shard's, and writes nothing but its slot's tc_owner; readers holding the
+ * allocator lock (which holds every lane's) need no shard lock, except to copy whole slots. */
 enum { VMM_LIVE_SHARDS = 256 };
+/* Thread caches (tcache.c) keep small-pool blocks up to VMM_TC_MAX_SIZE bytes in bins of
+ * VMM_TC_STEP-byte steps (pool.c's MIN_BLOCK rounding): PyTorch's small tensors and the ring pattern
+ * of vmm-bench latency. The live table records a block's step (vmm_live_slot.tc_class). */
+enum { VMM_TC_STEP = 512, VMM_TC_MAX_SIZE = 64 << 10, VMM_TC_BINS = VMM_TC_MAX_SIZE / VMM_TC_STEP };
+_Static_assert(VMM_TC_BINS <= 255, "a step number fits vmm_live_slot.tc_class");
 /* A slot keeps its block's address beside the record pointer: probes compare keys in the table
- * and touch no record (with 10^6 live blocks each record is a cache miss). blk NULL: empty. */
+ * and touch no record (with 10^6 live blocks each record is a cache miss). A thread cache's free
+ * reads and writes the slot only, never the record (a record touched there cost the 10^6-live
+ * ring pattern ~45% of its pair: docs/benchmarks.md), so the slot also holds what that free needs:
+ * the block's lane key, its requested bytes, its size in thread-cache steps while a cache may take
+ * it, and the number of the last cache it went into. blk NULL: empty. */
 typedef struct vmm_live_slot {
     uintptr_t addr;
     vmm_block *blk;
+    vmm_stream key;            /* blk->seg->key: a thread cache's bins keep blocks by lane */
+    uint32_t requested;        /* blk->requested while tc_class is set (otherwise 0) */
+    uint8_t tc_class;          /* blk->size / VMM_TC_STEP when a thread cache may take it: small
+                                * pool, at most VMM_TC_MAX_SIZE, no record_stream use, no group;
+                                * 0: never (set at insert, cleared by vmm_live_tc_forbid) */
+    uint8_t pad_;
+    uint16_t tc_owner;         /* number of the last thread cache the block was freed into, 0:
+                                * none; a hint that the block may be in that cache's bin, where
+                                * vmm_tc_holds looks (a cache's malloc leaves it stale) */
 } vmm_live_slot;
+_Static_assert(sizeof(vmm_live_slot) == 32, "vmm_live_slot: two per cache line");
 typedef struct vmm_live_shard {
     _Alignas(64) _Atomic int lock;
     vmm_live_slot *t;
@@ -522,15 +541,29 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr);
 /* The same by table slot: find gives the slot, remove_at takes it (one probe sequence per free). */
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot);
 void vmm_live_remove_at(vmm_allocator *a, size_t slot);
-/* Find and remove b (at addr, not thread-cached) under its shard's lock in one hold, for writers
- * that another lane may race on the shard: 1 done, 0 it is not there (nothing changed). */
+/* Find and remove b (at addr; the caller knows no thread cache holds it) under its shard's lock
+ * in one hold, for writers that another lane may race on the shard: 1 done, 0 it is not there
+ * (nothing changed). */
 int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b);
+/* Writer's locks held: b (allocated) may no longer go to a thread cache (record_stream, groups). */
+void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b);
+/* Thread caches, no allocator lock: addr's slot in its small-pool shard with that shard's lock
+ * held (good until vmm_live_slot_unlock), or NULL with none held. A cache's free writes tc_owner
+ * there; nothing else of the slot may change. */
+vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard);
+#define vmm_live_slot_unlock(a, shard) vmm_mutex_unlock(&(a)->live[(shard)].lock)
+/* A thread cache hands the block at addr out again for `requested` bytes (its cache's lock held):
+ * block record and slot. */
+void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested);
+/* vmm_check: NULL when b's slot agrees with b (no thread cache holding anything), else what not. */
+const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b);
 /* Blocks in the live table (thread-cached ones too; allocator lock held). */
 size_t vmm_live_count(const vmm_allocator *a);
 void vmm_live_free_table(vmm_allocator *a);
-/* Lookup without the allocator lock (thread caches): the block at addr, thread-cached or not, or
- * NULL. Holds the shard's lock for the probe only. */
-vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr);
+/* Lookup without the allocator lock (lanes): the block at addr in the small pool's shards,
+ * thread-cached or not, or NULL; *copy (if not NULL) gets its slot. Holds the shard's lock for the
+ * probe only. */
+vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy);
 /* The same in the large pool's shards, whose locks are taken while lanes are open (lane.c). */
 vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr);
 /* Every block in the live table, thread-cached ones included (allocator lock held). */
@@ -726,6 +759,13 @@ static inline void vmm_mutex_lock(_Atomic int *w)
                                                               memory_order_relaxed)))
         vmm_mutex_lock_slow(w);
 }
+/* 1 when taken (never waits). */
+static inline int vmm_mutex_trylock(_Atomic int *w)
+{
+    int c = 0;
+    return atomic_compare_exchange_strong_explicit(w, &c, 1, memory_order_acquire,
+                                                   memory_order_relaxed);
+}
 static inline void vmm_mutex_unlock(_Atomic int *w)
 {
     if (VMM_UNLIKELY(atomic_exchange_explicit(w, 0, memory_order_release) == 2))
@@ -736,7 +776,7 @@ static inline void vmm_mutex_unlock(_Atomic int *w)
 
 typedef struct vmm_tcache vmm_tcache;
 typedef struct vmm_tc_state vmm_tc_state;
-/* Give a cached block back to its pool (allocator lock held, block no longer tcached): the
+/* Give a cached block back to its pool (allocator lock held, block out of its bin): the
  * structural part of a free, no stats (the cache's delta counted it). alloc.c's. */
 typedef void (*vmm_tc_release_fn)(vmm_allocator *a, vmm_block *b);
 /* vmm_create: caches of at most cap_bytes (0: off); simple_round: sizes up to 64 KiB round to
@@ -782,6 +822,9 @@ int vmm_tc_on(const vmm_allocator *a);
  * the caller sees one state no thread changes meanwhile (vmm_check, snapshots). */
 int vmm_tc_pause(vmm_allocator *a);
 void vmm_tc_resume(vmm_allocator *a, int was);
+/* Allocator lock or s->blk's lane's held, no thread cache's: 1 when the cache numbered
+ * s->tc_owner holds s->blk (takes that cache's lock to look), 0 when no cache does. */
+int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s);
 /* Caches, bytes they hold, and counts up to the last vmm_tc_fold (the caller folds first, as for
  * the stats): mallocs served and not, frees kept and not (the allocator's); allocator lock held. */
 void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t counts[4]);

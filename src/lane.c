@@ -202,10 +202,11 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim)
      * checked again under the lane's lock. trim: the thread cache found this small block fit to
      * cache and its bin full */
     vmm_block *b = NULL;
+    vmm_live_slot sl = {0};
     if (!trim)
         b = vmm_live_lookup_large(a, (uintptr_t)ptr);
     if (!b)
-        b = vmm_live_lookup(a, (uintptr_t)ptr);
+        b = vmm_live_lookup(a, (uintptr_t)ptr, &sl);
     if (!b || b->seg->mp)
         return 0;
     vmm_stream_rec *sr = b->seg->srec;
@@ -216,6 +217,7 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim)
     /* the full bin first, as the allocator's free does: the older half of this lane's blocks in
      * it; a bin holding only other lanes' blocks is the allocator's to trim */
     if (lane_usable(a) && b->state == VMM_BLOCK_ALLOCATED && !b->n_uses && !b->grouped &&
+        !(sl.tc_owner && vmm_tc_holds(a, &sl)) && /* freed already: vmm_free reports it */
         (!trim || vmm_tc_trim_lane(a, trim, sr->key)) && vmm_live_take(a, (uintptr_t)ptr, b)) {
         vmm_count_free(a, &sr->bk.d, b);
         /* stamped with its stream's sequence, as vmm_free does */

@@ -3,6 +3,8 @@
  * address, like PyTorch's std::set), split / merge, and the live-block hash table.
  */
 
+#include <stdlib.h>
+
 #include "internal.h"
 
 enum {
@@ -109,7 +111,6 @@ static inline void block_init(vmm_block *f, uintptr_t addr, size_t size, vmm_seg
     f->left = f->right = NULL;
     f->state = VMM_BLOCK_FREE;
     f->in_index = 0;
-    f->tcached = 0;
     f->grouped = 0;
     f->n_uses = 0;
     f->prev = prev;
@@ -686,17 +687,32 @@ static size_t live_hash(uintptr_t addr, size_t mask)
     return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
 }
 
-static void live_put(vmm_live_slot *t, size_t cap, uintptr_t addr, vmm_block *b)
+static void live_put(vmm_live_slot *t, size_t cap, const vmm_live_slot *sl)
 {
-    size_t i = live_hash(addr, cap - 1);
+    size_t i = live_hash(sl->addr, cap - 1);
     while (t[i].blk)
         i = (i + 1) & (cap - 1);
-    t[i] = (vmm_live_slot){addr, b};
+    t[i] = *sl;
+}
+
+/* A block's step for the thread caches (vmm_live_slot.tc_class), 0 when no cache may take it. */
+static unsigned live_tc_class(const vmm_block *b)
+{
+    if (b->seg->pool != VMM_SMALL || b->size > VMM_TC_MAX_SIZE || b->n_uses || b->grouped)
+        return 0;
+    return (unsigned)(b->size / VMM_TC_STEP);
+}
+
+static vmm_live_slot live_slot_of(const vmm_block *b)
+{
+    unsigned c = live_tc_class(b);
+    return (vmm_live_slot){.addr = b->addr, .blk = (vmm_block *)b, .key = b->seg->key,
+                           .requested = c ? (uint32_t)b->requested : 0, .tc_class = (uint8_t)c};
 }
 
 /* Room for one more block of `pool` at addr, held for it (sh->reserved) until live_put_block or
- * live_unreserve. With the allocator lock held and lanes closed the shard has one writer, and only
- * the swap to a larger table needs the shard lock (a thread cache may be reading the old one);
+ * live_unreserve. With the allocator lock held and lanes closed the shard has one writer besides
+ * the thread caches' frees (tc_owner), and only the move to a larger table needs the shard lock;
  * while lanes are open, writers of two lanes may share a shard, so all of it holds the lock. */
 static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
 {
@@ -712,13 +728,14 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
         if (!nt) {
             rc = vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
         } else {
-            for (size_t i = 0; i < sh->cap; i++)
-                if (sh->t[i].blk)
-                    live_put(nt, ncap, sh->t[i].addr, sh->t[i].blk);
-            vmm_live_slot *old = sh->t;
-            size_t old_cap = sh->cap;
+            /* the copy too under the lock: a thread cache's free writes its slot's tc_owner */
             if (!held)
                 shard_lock(a, sh, s);
+            for (size_t i = 0; i < sh->cap; i++)
+                if (sh->t[i].blk)
+                    live_put(nt, ncap, &sh->t[i]);
+            vmm_live_slot *old = sh->t;
+            size_t old_cap = sh->cap;
             sh->t = nt;
             sh->cap = ncap;
             if (!held)
@@ -752,8 +769,9 @@ static void live_put_block(vmm_allocator *a, vmm_block *b)
 {
     size_t s = live_shard_of(a, b->addr, b->seg->pool);
     vmm_live_shard *sh = &a->live[s];
+    vmm_live_slot sl = live_slot_of(b);
     shard_lock(a, sh, s);
-    live_put(sh->t, sh->cap, b->addr, b);
+    live_put(sh->t, sh->cap, &sl);
     sh->n++;
     sh->reserved--;
     shard_unlock(a, sh, s);
@@ -802,8 +820,8 @@ vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
         size_t i = shard_find(sh, addr);
         if (i == SIZE_MAX)
             continue;
-        /* a block in a thread cache is freed as far as callers go */
-        if (sh->t[i].blk->tcached)
+        /* a block in a thread cache is freed as far as callers go (caller holds no shard lock) */
+        if (sh->t[i].tc_owner && vmm_tc_holds(a, &sh->t[i]))
             return NULL;
         *slot = slot_make(ss[k], i);
         return sh->t[i].blk;
@@ -817,16 +835,82 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
     return vmm_live_find_slot(a, addr, &slot);
 }
 
-vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr)
+vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy)
 {
     /* small-pool shards only: nothing else can be thread-cached */
     size_t s = live_shard_of(a, addr, VMM_SMALL);
     vmm_live_shard *sh = &a->live[s];
     vmm_mutex_lock(&sh->lock);
     size_t i = shard_find(sh, addr);
-    vmm_block *found = i == SIZE_MAX ? NULL : sh->t[i].blk;
+    vmm_block *found = NULL;
+    if (i != SIZE_MAX) {
+        found = sh->t[i].blk;
+        if (copy)
+            *copy = sh->t[i];
+    }
     vmm_mutex_unlock(&sh->lock);
     return found;
+}
+
+vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
+{
+    size_t s = live_shard_of(a, addr, VMM_SMALL);
+    vmm_live_shard *sh = &a->live[s];
+    vmm_mutex_lock(&sh->lock);
+    size_t i = shard_find(sh, addr);
+    if (i == SIZE_MAX) {
+        vmm_mutex_unlock(&sh->lock);
+        return NULL;
+    }
+    *shard = s;
+    return &sh->t[i];
+}
+
+void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested)
+{
+    size_t s;
+    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &s);
+    if (VMM_UNLIKELY(!sl))
+        abort(); /* a cached block is live by construction: the table is corrupt */
+    sl->requested = (uint32_t)requested;
+    sl->blk->requested = requested;
+    vmm_live_slot_unlock(a, s);
+}
+
+void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b)
+{
+    size_t ss[2];
+    for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
+        vmm_live_shard *sh = &a->live[ss[k]];
+        shard_lock(a, sh, ss[k]);
+        size_t i = shard_find(sh, b->addr);
+        if (i != SIZE_MAX && sh->t[i].blk == b) {
+            sh->t[i].tc_class = 0;
+            sh->t[i].requested = 0;
+        }
+        shard_unlock(a, sh, ss[k]);
+    }
+}
+
+const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b)
+{
+    size_t ss[2];
+    for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
+        const vmm_live_shard *sh = &a->live[ss[k]];
+        size_t i = shard_find(sh, b->addr);
+        if (i == SIZE_MAX || sh->t[i].blk != b)
+            continue;
+        const vmm_live_slot *sl = &sh->t[i];
+        if (sl->key != b->seg->key)
+            return "live-table slot's lane key is not its segment's";
+        /* 0 is allowed where a cache could take the block: a group or use since dropped */
+        if (sl->tc_class && sl->tc_class != live_tc_class(b))
+            return "live-table slot lets a thread cache take a block it may not hold";
+        if (sl->tc_class && sl->requested != b->requested)
+            return "live-table slot's requested bytes are not its block's";
+        return NULL;
+    }
+    return "allocated block missing from the live table";
 }
 
 vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr)
@@ -878,7 +962,7 @@ int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b)
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
         size_t i = shard_find(sh, addr);
-        ok = i != SIZE_MAX && sh->t[i].blk == b && !b->tcached;
+        ok = i != SIZE_MAX && sh->t[i].blk == b;
         if (ok)
             shard_remove(sh, i);
         shard_unlock(a, sh, ss[k]);

@@ -252,6 +252,7 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
     const vmm_block *prev = NULL;
     if (s->first && s->first->prev)
         return bad("first block has a predecessor", s->base);
+    const char *why;
     for (vmm_block *b = s->first; b; prev = b, b = b->next) {
         if (b->addr != at || b->seg != s || b->prev != prev || b->size == 0 || b->size % 512)
             return bad("blocks do not tile the segment", b->addr);
@@ -285,6 +286,8 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
             (*nlive)++;
             if (vmm_live_find(a, b->addr) != b)
                 return bad("allocated block missing from the live table", b->addr);
+            if ((why = vmm_live_check_slot(a, b)) != NULL)
+                return bad(why, b->addr);
             sm->v[p][S_ALLOC]++;
             sm->v[p][S_ALLOC_B] += (int64_t)b->size;
             sm->v[p][S_REQ_B] += (int64_t)b->requested;

@@ -6,13 +6,22 @@
  * What a cache may hold: allocated blocks of the small pool up to TC_MAX_SIZE bytes with no
  * record_stream uses and no group. A cached block stays ALLOCATED in the allocator's books (its
  * live-table slot, its segment's block list), so nothing the allocator lock guards changes when a
- * block enters or leaves a cache; the thread's own lock guards `tcached` and `requested` only.
+ * block enters or leaves a cache; a cache's bins say which blocks it holds, under its own lock.
  * The user-visible counters move by a per-cache delta that the allocator folds in under its lock
  * (vmm_tc_fold) before it reports stats, and that a thread folds before its own slow path.
  *
+ * A free reads and writes only the block's live-table slot (vmm_live_slot: size step, lane key,
+ * requested bytes) and this thread's cache: at 10^6 live blocks the record is a cache miss, and
+ * one more per pair doubled the ring pattern's cost. It marks the slot with the cache's number
+ * (tc_owner), which a malloc from the cache leaves stale: a double free is a slot naming this
+ * cache whose bin holds the block; a slot naming another cache sends the free to the allocator,
+ * which asks that cache (vmm_tc_holds). A malloc writes the slot only when its size differs from
+ * the requested bytes the slot has.
+ *
  * Locks, in order: the registry mutex (thread exit, cache creation, vmm_destroy), the allocator
- * lock, a cache's lock, a live shard's lock. A fast path takes its cache's lock and, to look a
- * pointer up, one live shard's; it never takes the allocator lock while holding its cache's.
+ * lock (or a lane's), a cache's lock, a live shard's lock. A fast path takes its cache's lock and
+ * one live shard's; it never takes the allocator lock while holding its cache's. A free takes the
+ * shard's lock first and only tries its cache's (busy: the allocator does the free).
  *
  * Peaks: a thread's fast paths cannot see what other threads' caches hold, so with several
  * threads the peaks of allocation / allocated_bytes / requested_bytes / active may be off by the
@@ -25,22 +34,38 @@
 #include "internal.h"
 
 enum {
-    TC_STEP = 512,                      /* bins at the rounding step (pool.c MIN_BLOCK) */
-    TC_MAX_SIZE = 64 << 10,             /* largest block cached: PyTorch's small tensors and the
-                                         * ring pattern of vmm-bench latency */
-    TC_BINS = TC_MAX_SIZE / TC_STEP,    /* one bin per rounded size: 128 */
+    TC_STEP = VMM_TC_STEP,              /* bins at the rounding step (pool.c MIN_BLOCK) */
+    TC_MAX_SIZE = VMM_TC_MAX_SIZE,      /* largest block cached (internal.h) */
+    TC_BINS = VMM_TC_BINS,              /* one bin per rounded size: 128 */
     TC_BIN_CAP = 16,                    /* blocks per bin: a bin is a random walk between empty
                                          * and full, so at 16 about 1 malloc in 17 of a balanced mix
                                          * finds it empty when nothing else empties it */
     TL_SLOTS = 8,                       /* allocators a thread holds a cache of at once */
+    TC_MAX_NUM = UINT16_MAX,            /* cache numbers 1..this (vmm_live_slot.tc_owner) */
+    TC_CAP_SHARE = 512,                 /* a cache may hold up to 1/this of the small pool's
+                                         * allocated bytes when that exceeds thread_cache: with
+                                         * 10^6 live blocks of 0.5-64 KiB (13 GiB), 4 MiB held
+                                         * 0.03% of them and a malloc missed the cache twice as
+                                         * often as with 16-32 MiB (docs/benchmarks.md) */
 };
+
+/* A cached block: what a malloc from the cache needs of it besides its address, so that it
+ * touches neither the block's record nor its live-table slot (with 10^6 live blocks both are
+ * cold). */
+typedef struct tc_entry {
+    vmm_block *b;
+    vmm_stream key;                     /* its lane: a malloc finds its stream's block */
+    uint32_t req;                       /* its requested bytes, which its slot has too: a malloc
+                                         * of another size writes both (vmm_live_set_requested) */
+} tc_entry;
 
 typedef struct tc_bin {
     uint32_t n;
-    vmm_block *b[TC_BIN_CAP];           /* LIFO: the last freed is the warmest */
-    vmm_stream key[TC_BIN_CAP];         /* b[i]'s lane: a malloc finds its stream's block without
-                                         * touching the (maybe cold) records of the others */
+    uintptr_t addr[TC_BIN_CAP];         /* LIFO: the last freed is the warmest. Apart from e: a
+                                         * free's double-free check reads these two lines only */
+    tc_entry e[TC_BIN_CAP];             /* e[i]: addr[i]'s */
 } tc_bin;
+
 
 /* Counters the fast paths moved since the last fold, for allocation, allocated_bytes and
  * requested_bytes of the small pool: ups, downs, and the highest running net (for peaks). */
@@ -59,6 +84,8 @@ struct vmm_tcache {
     tc_delta d[TC_NSTATS];
     uint64_t n[TC_NCOUNTS];             /* since the last fold */
     struct vmm_tcache *next;            /* the allocator's list (allocator lock) */
+    uint16_t num;                       /* this cache's number (tc_owner in the live table); 0:
+                                         * none left, the cache takes no frees */
     tc_bin bins[TC_BINS];
 };
 
@@ -68,13 +95,18 @@ struct vmm_tc_state {
     int off;                            /* off for good (vmm_tc_off): lane.c closes its lanes */
     uint64_t id;                        /* unique per vmm_create: tells a thread's slot for a
                                          * destroyed allocator from one at the same address */
-    size_t cap_bytes;                   /* thread_cache key: most bytes one cache holds */
+    size_t cap_bytes;                   /* thread_cache key: the least of cap */
+    _Atomic size_t cap;                 /* most bytes one cache holds: cap_bytes, or a power of
+                                         * two near 1/TC_CAP_SHARE of the small pool's allocated
+                                         * bytes when more; set by folds, when it changes */
     int simple_round;                   /* sizes up to TC_MAX_SIZE round up to 512 B steps */
     vmm_tc_release_fn release;          /* gives a drained block back (alloc.c) */
     /* written under the allocator lock (folds, new caches): a line of its own, or every fold would
      * take the line above from the other threads' caches */
     _Alignas(64) vmm_tcache *list;      /* every cache */
     size_t n;
+    vmm_tcache **by_num;                /* by_num[k]: the cache numbered k, or NULL */
+    size_t cap_num;
     uint64_t counts[TC_NCOUNTS];        /* folded counts of every cache */
 };
 
@@ -126,6 +158,8 @@ static void cache_retire(vmm_allocator *a, vmm_tcache *tc)
 {
     vmm_tc_drain_one(a, tc);
     vmm_tc_state *T = a->tcs;
+    if (tc->num)
+        T->by_num[tc->num] = NULL; /* slots naming it find no cache there (or a later one) */
     for (vmm_tcache **pp = &T->list; *pp; pp = &(*pp)->next)
         if (*pp == tc) {
             *pp = tc->next;
@@ -166,6 +200,7 @@ int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_re
     memset(T, 0, sizeof *T);
     T->id = atomic_fetch_add(&next_id, 1);
     T->cap_bytes = cap_bytes;
+    atomic_init(&T->cap, cap_bytes);
     T->simple_round = simple_round;
     T->release = release;
     atomic_init(&T->on, cap_bytes > 0);
@@ -216,8 +251,31 @@ void vmm_tc_destroy(vmm_allocator *a)
         T->list = tc->next;
         free(tc);
     }
+    free(T->by_num);
     free(T);
     a->tcs = NULL;
+}
+
+/* Give tc the lowest free number (allocator lock held); none left or out of memory: 0, and tc
+ * takes no frees. Numbers of retired caches are given again: a slot naming one is a hint only. */
+static void cache_number(vmm_tc_state *T, vmm_tcache *tc)
+{
+    size_t k = 1;
+    while (k < T->cap_num && T->by_num[k])
+        k++;
+    if (k > TC_MAX_NUM)
+        return;
+    if (k >= T->cap_num) {
+        size_t ncap = T->cap_num ? 2 * T->cap_num : 16;
+        vmm_tcache **nb = realloc(T->by_num, ncap * sizeof *nb);
+        if (!nb)
+            return;
+        memset(nb + T->cap_num, 0, (ncap - T->cap_num) * sizeof *nb);
+        T->by_num = nb;
+        T->cap_num = ncap;
+    }
+    T->by_num[k] = tc;
+    tc->num = (uint16_t)k;
 }
 
 /* This thread's cache for a, made on first use; NULL when caches are off or out of memory. Takes
@@ -262,6 +320,7 @@ static vmm_tcache *cache_make(vmm_allocator *a)
     tc->next = T->list;
     T->list = tc;
     T->n++;
+    cache_number(T, tc);
     vmm_unlock(a);
     pthread_mutex_unlock(&reg_mu);
     return tc;
@@ -279,19 +338,34 @@ static inline vmm_tcache *cache_find(const vmm_allocator *a, uint64_t id)
     return NULL;
 }
 
-/* The calling thread's cache, made when missing, locked; NULL when caches are off. */
-static inline vmm_tcache *cache_lock(vmm_allocator *a)
+/* The calling thread's cache, made when missing, not locked; NULL when caches are off. */
+static inline vmm_tcache *cache_get(vmm_allocator *a)
 {
     vmm_tc_state *T = a->tcs;
     if (!atomic_load_explicit(&T->on, memory_order_relaxed))
         return NULL;
     vmm_tcache *tc = cache_find(a, T->id);
-    if (VMM_UNLIKELY(!tc) && !(tc = cache_make(a)))
+    if (VMM_UNLIKELY(!tc))
+        tc = cache_make(a);
+    return tc;
+}
+
+/* After taking tc's lock: 1 when caches are still on. Pause / off clear `on` before they drain
+ * under each cache's lock, so it is seen here. Acquire: a resume's release store orders what the
+ * pausing thread read before it. */
+static inline int cache_still_on(vmm_allocator *a)
+{
+    return atomic_load_explicit(&a->tcs->on, memory_order_acquire);
+}
+
+/* The calling thread's cache, made when missing, locked; NULL when caches are off. */
+static inline vmm_tcache *cache_lock(vmm_allocator *a)
+{
+    vmm_tcache *tc = cache_get(a);
+    if (!tc)
         return NULL;
     vmm_mutex_lock(&tc->lock);
-    /* pause / off clear `on` before they drain under each cache's lock: seen here, after the
-     * lock. Acquire: a resume's release store orders what the pausing thread read before it */
-    if (VMM_UNLIKELY(!atomic_load_explicit(&T->on, memory_order_acquire))) {
+    if (VMM_UNLIKELY(!cache_still_on(a))) {
         vmm_mutex_unlock(&tc->lock);
         return NULL;
     }
@@ -319,17 +393,44 @@ static inline void delta_down(tc_delta *d, int64_t x)
     d->net -= x;
 }
 
+/* Bytes of each block in bin. */
+static inline size_t bin_size(const vmm_tcache *tc, const tc_bin *bin)
+{
+    return (size_t)(bin - tc->bins + 1) * TC_STEP;
+}
+
 /* Take entry k out of bin (the others keep their order: oldest at the bottom, which the trims'
  * "older half" relies on); the block is no longer cached. Caller holds tc's lock. */
-static vmm_block *bin_take(vmm_tcache *tc, tc_bin *bin, uint32_t k)
+static tc_entry bin_take(vmm_tcache *tc, tc_bin *bin, uint32_t k, uintptr_t *addr)
 {
-    vmm_block *b = bin->b[k];
-    memmove(&bin->b[k], &bin->b[k + 1], (bin->n - k - 1) * sizeof bin->b[0]);
-    memmove(&bin->key[k], &bin->key[k + 1], (bin->n - k - 1) * sizeof bin->key[0]);
+    tc_entry e = bin->e[k];
+    *addr = bin->addr[k];
+    /* a malloc takes the newest, at the top: no move (a loop: a bin is short) */
+    for (uint32_t i = k + 1; i < bin->n; i++) {
+        bin->e[i - 1] = bin->e[i];
+        bin->addr[i - 1] = bin->addr[i];
+    }
     bin->n--;
-    b->tcached = 0;
-    tc->bytes -= b->size;
-    return b;
+    tc->bytes -= bin_size(tc, bin);
+    return e;
+}
+
+/* Entry k of bin back to the allocator (allocator lock or the block's lane's held, and tc's). */
+static size_t bin_give(vmm_allocator *a, vmm_tcache *tc, tc_bin *bin, uint32_t k)
+{
+    uintptr_t addr;
+    tc_entry e = bin_take(tc, bin, k, &addr);
+    a->tcs->release(a, e.b);
+    return bin_size(tc, bin);
+}
+
+/* 1 when bin holds the block at addr. */
+static inline int bin_holds(const tc_bin *bin, uintptr_t addr)
+{
+    unsigned hit = 0;
+    for (uint32_t i = 0; i < TC_BIN_CAP; i++) /* entries past n are stale: masked */
+        hit |= (unsigned)(bin->addr[i] == addr) & (unsigned)(i < bin->n);
+    return hit != 0;
 }
 
 /* Index of the newest (malloc: the warmest) or oldest (give-backs: the coldest) block of lane s
@@ -338,7 +439,7 @@ static inline int bin_find(const tc_bin *bin, vmm_stream s, int oldest)
 {
     for (uint32_t j = 0; j < bin->n; j++) {
         uint32_t i = oldest ? j : bin->n - 1 - j;
-        if (bin->key[i] == s)
+        if (bin->e[i].key == s)
             return (int)i;
     }
     return -1;
@@ -363,61 +464,103 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
         vmm_mutex_unlock(&tc->lock);
         return 0;
     }
-    vmm_block *b = bin_take(tc, bin, (uint32_t)k);
+    uintptr_t addr;
+    tc_entry e = bin_take(tc, bin, (uint32_t)k, &addr);
     tc->n[TC_HIT]++;
-    b->requested = size;
+    if (e.req != size)
+        vmm_live_set_requested(a, addr, size); /* record and slot */
     mark_dirty(tc);
     delta_up(&tc->d[TC_ALLOCATION], 1);
-    delta_up(&tc->d[TC_BYTES], (int64_t)b->size);
+    delta_up(&tc->d[TC_BYTES], (int64_t)r);
     delta_up(&tc->d[TC_REQUESTED], (int64_t)size);
     vmm_mutex_unlock(&tc->lock);
-    *ptr = (void *)b->addr;
+    *ptr = (void *)addr;
     return 1;
 }
 
 int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 {
     *trim = 0;
-    if (!atomic_load_explicit(&a->tcs->on, memory_order_relaxed))
+    vmm_tcache *tc = cache_get(a);
+    if (!tc || !tc->num)
         return 0;
-    /* anything unusual is the allocator's business: bad pointers, uses on other streams, groups,
-     * blocks too large or of the large pool. Looked up before the cache's lock, so that such a
-     * free costs one probe here: a live block's fields read here are the caller's (a double free
-     * is checked under the lock below). */
-    vmm_block *b = vmm_live_lookup(a, (uintptr_t)ptr);
-    if (!b || b->size > TC_MAX_SIZE || b->state != VMM_BLOCK_ALLOCATED || b->n_uses || b->grouped ||
-        b->seg->pool != VMM_SMALL)
+    /* Anything unusual is the allocator's business: bad pointers, uses on other streams, groups,
+     * blocks too large or of the large pool (tc_class 0), and a block another cache may hold.
+     * Only the slot is read: with 10^6 live blocks the record would be one more cache miss. The
+     * shard's lock is held across (no other free can take the block meanwhile), and this cache's
+     * lock is tried under it, against the order (cache, shard) that drains follow: busy means a
+     * drain or a fold, and the allocator does this free. */
+    size_t sh;
+    vmm_live_slot *sl = vmm_live_slot_lock(a, (uintptr_t)ptr, &sh);
+    if (!sl)
         return 0;
-    vmm_tcache *tc = cache_lock(a);
-    if (!tc)
-        return 0;
-    if (b->tcached) {
-        vmm_mutex_unlock(&tc->lock);
+    unsigned cls = sl->tc_class;
+    if (!cls || (sl->tc_owner && sl->tc_owner != tc->num) || !vmm_mutex_trylock(&tc->lock)) {
+        vmm_live_slot_unlock(a, sh);
         return 0;
     }
-    tc_bin *bin = &tc->bins[b->size / TC_STEP - 1];
-    if (bin->n == TC_BIN_CAP || tc->bytes + b->size > a->tcs->cap_bytes) {
+    tc_bin *bin = &tc->bins[cls - 1];
+    size_t size = (size_t)cls * TC_STEP;
+    int keep = 0;
+    if (VMM_UNLIKELY(!cache_still_on(a))) {
+        keep = -1;
+    } else if (sl->tc_owner == tc->num && bin_holds(bin, sl->addr)) {
+        keep = -1; /* freed twice: the allocator says so */
+    } else if (bin->n == TC_BIN_CAP ||
+               tc->bytes + size > atomic_load_explicit(&a->tcs->cap, memory_order_relaxed)) {
         /* full: the allocator frees this one, and the caller has the cache give back the older
          * half of this bin in the same lock pass (of this bin only when bytes ran out too: halving
          * every bin emptied the bins of sizes the thread still uses, ~25% more misses on the
          * ring pattern) */
-        *trim = b->size;
+        *trim = size;
         tc->n[TC_PASSED]++;
         mark_dirty(tc);
-        vmm_mutex_unlock(&tc->lock);
-        return 0;
+    } else {
+        keep = 1;
+        sl->tc_owner = tc->num;
+        bin->addr[bin->n] = sl->addr;
+        bin->e[bin->n++] = (tc_entry){sl->blk, sl->key, sl->requested};
     }
-    tc->n[TC_KEPT]++;
-    bin->key[bin->n] = b->seg->key;
-    bin->b[bin->n++] = b;
-    b->tcached = 1;
-    tc->bytes += b->size;
-    mark_dirty(tc);
-    delta_down(&tc->d[TC_ALLOCATION], 1);
-    delta_down(&tc->d[TC_BYTES], (int64_t)b->size);
-    delta_down(&tc->d[TC_REQUESTED], (int64_t)b->requested);
+    uint32_t requested = sl->requested;
+    vmm_live_slot_unlock(a, sh);
+    if (keep > 0) {
+        tc->n[TC_KEPT]++;
+        tc->bytes += size;
+        mark_dirty(tc);
+        delta_down(&tc->d[TC_ALLOCATION], 1);
+        delta_down(&tc->d[TC_BYTES], (int64_t)size);
+        delta_down(&tc->d[TC_REQUESTED], (int64_t)requested);
+    }
     vmm_mutex_unlock(&tc->lock);
-    return 1;
+    return keep > 0;
+}
+
+int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s)
+{
+    vmm_tc_state *T = a->tcs;
+    if (!T || !s->tc_owner || !s->tc_class || s->tc_owner >= T->cap_num)
+        return 0;
+    vmm_tcache *tc = T->by_num[s->tc_owner];
+    if (!tc)
+        return 0;
+    vmm_mutex_lock(&tc->lock);
+    int held = bin_holds(&tc->bins[s->tc_class - 1], s->addr);
+    vmm_mutex_unlock(&tc->lock);
+    return held;
+}
+
+/* The caches' cap after the small pool's allocated bytes moved to `allocated` (allocator lock
+ * held). Powers of two, so that it changes seldom: every fast path reads its cache line. */
+static void cap_follow(vmm_tc_state *T, int64_t allocated)
+{
+    size_t cap = T->cap_bytes;
+    size_t share = allocated > 0 ? (size_t)allocated / TC_CAP_SHARE : 0;
+    if (share > cap)
+        cap = (size_t)1 << (63 - __builtin_clzll((unsigned long long)share));
+    if (cap < T->cap_bytes)
+        cap = T->cap_bytes;
+    if (cap != atomic_load_explicit(&T->cap, memory_order_relaxed))
+        atomic_store_explicit(&T->cap, cap, memory_order_relaxed);
 }
 
 /* Fold tc's deltas into a->stats (allocator lock and tc's lock held). */
@@ -453,6 +596,7 @@ static void fold_locked(vmm_allocator *a, vmm_tcache *tc)
                 before_all[TC_BYTES] + tc->d[TC_BYTES].max_net + pend_b);
     for (int k = 0; k < TC_NCOUNTS; k++)
         a->tcs->counts[k] += tc->n[k];
+    cap_follow(a->tcs, st->allocated_bytes[pi].current);
     memset(tc->d, 0, sizeof tc->d);
     memset(tc->n, 0, sizeof tc->n);
     atomic_store_explicit(&tc->dirty, 0, memory_order_relaxed);
@@ -508,11 +652,8 @@ static size_t drain_locked(vmm_allocator *a, vmm_tcache *tc, unsigned half, size
     for (int i = i0; i < i1; i++) {
         tc_bin *bin = &tc->bins[i];
         uint32_t n = half ? (bin->n + 1) / 2 : bin->n; /* the bottom of the stack: oldest */
-        while (n--) {
-            vmm_block *b = bin_take(tc, bin, 0);
-            given += b->size;
-            a->tcs->release(a, b); /* the free was counted by the delta folded before */
-        }
+        while (n--)
+            given += bin_give(a, tc, bin, 0); /* the free was counted by the delta folded before */
     }
     return given;
 }
@@ -539,9 +680,7 @@ static size_t give_fit(vmm_allocator *a, size_t size, vmm_stream s, int fold)
     for (size_t i = (size + TC_STEP - 1) / TC_STEP - 1; i < TC_BINS && !given; i++) {
         int k = bin_find(&tc->bins[i], s, 1);
         if (k >= 0) {
-            vmm_block *b = bin_take(tc, &tc->bins[i], (uint32_t)k);
-            given = b->size;
-            a->tcs->release(a, b);
+            given = bin_give(a, tc, &tc->bins[i], (uint32_t)k);
         }
     }
     vmm_mutex_unlock(&tc->lock);
@@ -573,10 +712,10 @@ int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
     tc_bin *bin = &tc->bins[size / TC_STEP - 1];
     uint32_t n = 0;
     for (uint32_t i = 0; i < bin->n; i++)
-        n += bin->key[i] == s;
+        n += bin->e[i].key == s;
     int ok = n > 0 || bin->n == 0;
     for (n = (n + 1) / 2; n--;)
-        a->tcs->release(a, bin_take(tc, bin, (uint32_t)bin_find(bin, s, 1)));
+        bin_give(a, tc, bin, (uint32_t)bin_find(bin, s, 1));
     vmm_mutex_unlock(&tc->lock);
     return ok;
 }

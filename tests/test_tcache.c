@@ -124,6 +124,118 @@ static void test_cached_pointer_refused(void)
     vmm_destroy(a);
 }
 
+/* A free reads only the block's live-table slot, which names the last cache the block went into and
+ * is stale once that cache hands it out again: a second free of a block handed out again is
+ * refused, and a free of one whose slot is stale is kept. A malloc of another size than the cached
+ * block's last one updates the requested bytes that the next free takes off (vmm_check compares
+ * the slot with the block). */
+static void test_slot_only_free(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK_OK(vmm_malloc(a, 4000, NULL, &p));
+    CHECK_OK(vmm_free(a, p));
+    CHECK_OK(vmm_malloc(a, 3600, NULL, &q)); /* same 4 KiB step, another request */
+    CHECK(q == p);
+    CHECK(vmm_test_stats(a).requested_bytes[VMM_POOL_ALL].current == 3600);
+    CHECK_OK(vmm_check(a));                  /* slot and record agree on 3600 */
+    CHECK_OK(vmm_malloc(a, 3600, NULL, &r)); /* a cache miss: from the pool */
+    CHECK_OK(vmm_free(a, q));                /* kept: the slot named this cache, no bin held it */
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 4096);
+    CHECK(vmm_free(a, q) == VMM_EBADPTR);    /* in this cache's bin */
+    CHECK(strstr(vmm_last_error(), "already freed") != NULL);
+    CHECK(vmm_record_stream(a, q, NULL) == VMM_EBADPTR);
+    CHECK_OK(vmm_free(a, r));
+    CHECK(vmm_free(a, r) == VMM_EBADPTR);
+    vmm_stats st = vmm_test_stats(a);
+    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.allocation[VMM_POOL_ALL].freed == 3);
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a);
+}
+
+/* Another thread's cache: a pointer it holds is freed already here too; one it handed out again
+ * (its slot still names that cache) is freed here, by the allocator. */
+static vmm_allocator *XA;
+static void *xp_cached, *xp_handed;
+
+static void *cross_worker(void *arg)
+{
+    int *errors = arg;
+    void *p = NULL, *q = NULL;
+    if (vmm_malloc(XA, 2048, NULL, &p) || vmm_free(XA, p) || vmm_malloc(XA, 2048, NULL, &q) || q != p)
+        (*errors)++;
+    void *c = NULL;
+    if (vmm_malloc(XA, 1024, NULL, &c) || vmm_free(XA, c))
+        (*errors)++;
+    xp_handed = q; /* handed out by this thread's cache: its slot names the cache */
+    xp_cached = c; /* in this thread's cache */
+    return NULL;
+}
+
+static void test_slot_other_cache(void)
+{
+    CHECK_OK(vmm_create(CONF, &XA));
+    int errors = 0;
+    pthread_t tid;
+    CHECK(pthread_create(&tid, NULL, cross_worker, &errors) == 0);
+    pthread_join(tid, NULL);
+    CHECK(errors == 0);
+    /* the worker exited, its cache went back: both slots name a cache that is gone */
+    CHECK(vmm_test_json_num(XA, "thread_caches.bytes") == 0);
+    CHECK(vmm_free(XA, xp_cached) == VMM_EBADPTR);
+    CHECK_OK(vmm_free(XA, xp_handed));
+    CHECK(vmm_free(XA, xp_handed) == VMM_EBADPTR);
+    CHECK_OK(vmm_check(XA));
+    vmm_stats st = vmm_test_stats(XA);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(XA);
+    XA = NULL;
+}
+
+/* The same with the other thread alive and its cache holding the block (lanes open: two threads
+ * malloc, so the free goes through the lane path first). */
+static pthread_barrier_t xbar;
+
+static void *cross_live_worker(void *arg)
+{
+    cross_worker(arg);
+    pthread_barrier_wait(&xbar); /* main frees */
+    pthread_barrier_wait(&xbar);
+    return NULL;
+}
+
+static void test_slot_other_live_cache(void)
+{
+    CHECK_OK(vmm_create(CONF, &XA));
+    int errors = 0;
+    pthread_t tid;
+    void *mine = NULL;
+    CHECK_OK(vmm_malloc(XA, 1024, NULL, &mine)); /* this thread mallocs too: lanes open */
+    CHECK(pthread_barrier_init(&xbar, NULL, 2) == 0);
+    CHECK(pthread_create(&tid, NULL, cross_live_worker, &errors) == 0);
+    pthread_barrier_wait(&xbar);
+    CHECK(errors == 0);
+    CHECK(vmm_test_json_num(XA, "thread_caches.bytes") == 1024); /* the worker's cache: xp_cached */
+    CHECK(vmm_free(XA, xp_cached) == VMM_EBADPTR);
+    CHECK(strstr(vmm_last_error(), "already freed") != NULL);
+    CHECK_OK(vmm_free(XA, xp_handed));
+    CHECK(vmm_free(XA, xp_handed) == VMM_EBADPTR);
+    CHECK(vmm_test_json_num(XA, "thread_caches.bytes") == 1024);
+    pthread_barrier_wait(&xbar);
+    pthread_join(tid, NULL);
+    pthread_barrier_destroy(&xbar);
+    CHECK_OK(vmm_free(XA, mine));
+    CHECK_OK(vmm_check(XA));
+    vmm_stats st = vmm_test_stats(XA);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(XA);
+    XA = NULL;
+}
+
 /* A block with record_stream uses is the allocator's to free (events); a block on another stream
  * is not handed to this one. */
 static void test_streams_and_uses(void)
@@ -356,6 +468,9 @@ int main(void)
     test_served();
     test_counters_exact();
     test_cached_pointer_refused();
+    test_slot_only_free();
+    test_slot_other_cache();
+    test_slot_other_live_cache();
     test_streams_and_uses();
     test_history_turns_off();
     test_threads();
