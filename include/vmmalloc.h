@@ -108,8 +108,9 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  * is recorded later (the block waits for it, never the caller), and waits that cannot have an
  * event at all synchronize the used stream (counted in num_event_waits).
  *
- * Thread caches (config key thread_cache, default 4M): a small-pool block of at most 64 KiB with
- * no vmm_record_stream use goes to the freeing thread's cache, and that thread's next malloc of the
+ * Thread caches (config key thread_cache, default 4M; a power of two near 1/512 of the small
+ * pool's allocated bytes when that is more): a small-pool block of at most 64 KiB with no
+ * vmm_record_stream use goes to the freeing thread's cache, and that thread's next malloc of the
  * same rounded size on the same stream gets it back without taking the allocator's lock; that is
  * how threads on one allocator run in parallel. Cached blocks count as freed in every counter and
  * go back to their pool (where they merge) before this thread maps new memory, before any OOM, on
@@ -210,7 +211,7 @@ typedef struct vmm_stats {
 /* Fill *out with the allocator's counters. Returns VMM_OK or VMM_EINVAL. Current values are exact.
  * Peaks are exact with one thread; while several threads use thread caches (see vmm_free), a peak
  * of allocation / allocated_bytes / requested_bytes / active may be off by what the other threads'
- * caches held at that moment (at most thread_cache bytes each). */
+ * caches held at that moment (at most a cache's cap each: thread_cache, see vmm_free). */
 VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out);
 
 /* Reset every peak to its current value, and the cumulative counters when `cumulative` is nonzero. */

@@ -641,7 +641,7 @@ static const option_desc options[] = {
     {"max_handle_size", p_max_handle, f_max_handle,
      "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 20M)"},
     {"thread_cache", p_thread_cache, f_thread_cache,
-     "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; 0 turns it off (default 4M)"},
+     "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; more (a power of two near 1/512) once the small pool's allocated bytes exceed 512 times this; 0 turns it off (default 4M)"},
     {"grow_unlocked", p_grow_unlocked, f_grow_unlocked,
      "true: a growth creates its physical handles with the allocator lock released, so other threads' mallocs and frees do not wait for cuMemCreate; false keeps the lock across it (default true)"},
     {"lanes", p_lanes, f_lanes,

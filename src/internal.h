@@ -825,9 +825,10 @@ void vmm_tc_resume(vmm_allocator *a, int was);
 /* Allocator lock or s->blk's lane's held, no thread cache's: 1 when the cache numbered
  * s->tc_owner holds s->blk (takes that cache's lock to look), 0 when no cache does. */
 int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s);
-/* Caches, bytes they hold, and counts up to the last vmm_tc_fold (the caller folds first, as for
- * the stats): mallocs served and not, frees kept and not (the allocator's); allocator lock held. */
-void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t counts[4]);
+/* Caches, bytes they hold, most bytes one may hold now, and counts up to the last vmm_tc_fold
+ * (the caller folds first, as for the stats): mallocs served and not, frees kept and not (the
+ * allocator's); allocator lock held. */
+void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, size_t *cap, uint64_t counts[4]);
 
 /* ---- sleep.c: tags, lanes, sleep / wake --------------------------------------------------- */
 

@@ -153,9 +153,9 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
     int64_t n_pools, pool_res, pool_alloc, routes; /* private pools (mempool.c) */
     vmm_mempool_totals(a, &n_pools, &pool_res, &pool_alloc, &routes);
-    size_t tc_n, tc_bytes; /* thread caches (tcache.c) */
+    size_t tc_n, tc_bytes, tc_cap; /* thread caches (tcache.c) */
     uint64_t tc_counts[4];
-    vmm_tc_info(a, &tc_n, &tc_bytes, tc_counts);
+    vmm_tc_info(a, &tc_n, &tc_bytes, &tc_cap, tc_counts);
     int tc_on = vmm_tc_on(a);
     long long unlocked = (long long)a->growths_unlocked;
     vmm_unlock(a);
@@ -181,6 +181,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     jput(&j, "thread_caches.on", tc_on);
     jput(&j, "thread_caches.count", (long long)tc_n);
     jput(&j, "thread_caches.bytes", (long long)tc_bytes);
+    jput(&j, "thread_caches.cap_bytes", (long long)tc_cap);
     jput(&j, "thread_caches.malloc_hits", (long long)tc_counts[0]);
     jput(&j, "thread_caches.malloc_misses", (long long)tc_counts[1]);
     jput(&j, "thread_caches.frees_kept", (long long)tc_counts[2]);

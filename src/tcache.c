@@ -549,10 +549,12 @@ int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s)
     return held;
 }
 
-/* The caches' cap after the small pool's allocated bytes moved to `allocated` (allocator lock
- * held). Powers of two, so that it changes seldom: every fast path reads its cache line. */
-static void cap_follow(vmm_tc_state *T, int64_t allocated)
+/* The caches' cap after the small pool's allocated bytes moved (allocator lock held, deltas
+ * folded). Powers of two, so that it changes seldom: every fast path reads its cache line. */
+static void cap_follow(vmm_allocator *a)
 {
+    vmm_tc_state *T = a->tcs;
+    int64_t allocated = a->stats.allocated_bytes[VMM_SMALL + 1].current;
     size_t cap = T->cap_bytes;
     size_t share = allocated > 0 ? (size_t)allocated / TC_CAP_SHARE : 0;
     if (share > cap)
@@ -596,7 +598,6 @@ static void fold_locked(vmm_allocator *a, vmm_tcache *tc)
                 before_all[TC_BYTES] + tc->d[TC_BYTES].max_net + pend_b);
     for (int k = 0; k < TC_NCOUNTS; k++)
         a->tcs->counts[k] += tc->n[k];
-    cap_follow(a->tcs, st->allocated_bytes[pi].current);
     memset(tc->d, 0, sizeof tc->d);
     memset(tc->n, 0, sizeof tc->n);
     atomic_store_explicit(&tc->dirty, 0, memory_order_relaxed);
@@ -611,17 +612,21 @@ void vmm_tc_fold(vmm_allocator *a)
         fold_locked(a, tc);
         vmm_mutex_unlock(&tc->lock);
     }
+    cap_follow(a);
 }
 
 void vmm_tc_fold_self(vmm_allocator *a)
 {
-    vmm_tcache *tc = a->tcs ? cache_find(a, a->tcs->id) : NULL;
-    /* only this thread sets dirty, so a clean cache stays clean until it returns */
-    if (!tc || !atomic_load_explicit(&tc->dirty, memory_order_relaxed))
+    if (!a->tcs)
         return;
-    vmm_mutex_lock(&tc->lock);
-    fold_locked(a, tc);
-    vmm_mutex_unlock(&tc->lock);
+    vmm_tcache *tc = cache_find(a, a->tcs->id);
+    /* only this thread sets dirty, so a clean cache stays clean until it returns */
+    if (tc && atomic_load_explicit(&tc->dirty, memory_order_relaxed)) {
+        vmm_mutex_lock(&tc->lock);
+        fold_locked(a, tc);
+        vmm_mutex_unlock(&tc->lock);
+    }
+    cap_follow(a); /* every slow path of a thread with a cache or not */
 }
 
 /* The calling thread's cache, locked, its deltas not folded (a lane's lock held, not the
@@ -771,12 +776,13 @@ int vmm_tc_on(const vmm_allocator *a)
     return a->tcs && atomic_load_explicit(&a->tcs->on, memory_order_relaxed);
 }
 
-void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, uint64_t counts[4])
+void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, size_t *cap, uint64_t counts[4])
 {
-    *caches = *bytes = 0;
+    *caches = *bytes = *cap = 0;
     memset(counts, 0, 4 * sizeof *counts);
     if (!a->tcs)
         return;
+    *cap = atomic_load_explicit(&a->tcs->cap, memory_order_relaxed);
     _Static_assert(TC_NCOUNTS == 4, "vmm_tc_info: counts[4]");
     memcpy(counts, a->tcs->counts, sizeof a->tcs->counts);
     for (vmm_tcache *tc = a->tcs->list; tc; tc = tc->next) {

@@ -156,6 +156,48 @@ static void test_slot_only_free(void)
     vmm_destroy(a);
 }
 
+/* A cache may hold more than thread_cache once the small pool's allocated bytes are 512 times
+ * that: a power of two near 1/512 of them, back to thread_cache when they fall. */
+static void test_cap_follows_pool(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create("driver:sim,sim_capacity:8G,sim_backed:false,thread_cache:1M", &a));
+    CHECK(vmm_test_json_num(a, "thread_caches.cap_bytes") == 1 << 20);
+    enum { N = 9000 }; /* 9000 x 64 KiB = 562.5 MiB: 1/512 is 1.1 MiB, so 1 MiB still */
+    enum { M = 17000 }; /* 17000 x 64 KiB = 1062.5 MiB: 1/512 is 2.07 MiB, so 2 MiB */
+    void **p = calloc(M, sizeof *p);
+    CHECK(p != NULL);
+    for (int i = 0; i < N; i++)
+        CHECK_OK(vmm_malloc(a, 64 << 10, NULL, &p[i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.cap_bytes") == 1 << 20);
+    for (int i = N; i < M; i++)
+        CHECK_OK(vmm_malloc(a, 64 << 10, NULL, &p[i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.cap_bytes") == 2 << 20);
+    /* 16 blocks of 4 sizes (3.25 MiB) freed: the cache keeps more than thread_cache, up to 2 MiB */
+    void *q[4][16];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 16; i++)
+            CHECK_OK(vmm_malloc(a, (size_t)(40 + 8 * k) << 10, NULL, &q[k][i]));
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 16; i++)
+            CHECK_OK(vmm_free(a, q[k][i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") > 1 << 20);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") <= 2 << 20);
+    CHECK_OK(vmm_empty_cache(a));
+    /* the frees keep at most a bin's 16 blocks (1 MiB) of this size, the rest go to the pool */
+    for (int i = 0; i < M; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") > 0);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") <= 16 << 16);
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK(vmm_test_json_num(a, "thread_caches.cap_bytes") == 1 << 20);
+    vmm_stats st = vmm_test_stats(a);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK_OK(vmm_check(a));
+    free(p);
+    vmm_destroy(a);
+}
+
 /* Another thread's cache: a pointer it holds is freed already here too; one it handed out again
  * (its slot still names that cache) is freed here, by the allocator. */
 static vmm_allocator *XA;
@@ -471,6 +513,7 @@ int main(void)
     test_slot_only_free();
     test_slot_other_cache();
     test_slot_other_live_cache();
+    test_cap_follows_pool();
     test_streams_and_uses();
     test_history_turns_off();
     test_threads();
