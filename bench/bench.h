@@ -140,7 +140,10 @@ typedef struct bench_latency_opts {
     int quick;          /* fewer batches, for smoke tests */
     int json;
     const char *conf;   /* appended to vmmalloc's configuration (e.g. lanes:false); NULL: none */
+    int ring_passes;    /* ring warm-up: passes through each thread's ring before the clock starts
+                         * (default BENCH_RING_PASSES; 0: the batch warm-up only) */
 } bench_latency_opts;
+enum { BENCH_RING_PASSES = 4 };
 int bench_latency(const bench_latency_opts *o);
 
 /* ---- frames.c -------------------------------------------------------------------------------- */

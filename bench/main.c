@@ -5,7 +5,8 @@
  *   vmm-bench replay FILE [--capacity SIZE] [--min-capacity] [--json] [--plot OUT.svg]
  *                         [--mode both|expandable|classic] [--conf K:V,...] [--handles] [--check N]
  *                         [--no-progress]
- *   vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--quick] [--json]
+ *   vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--ring-passes N] [--quick]
+ *                     [--json]
  *   vmm-bench scale [--max-events N] [--json]
  *   vmm-bench frames [--quick] [--json]
  *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
@@ -47,12 +48,14 @@ static void usage(FILE *f)
             "  vmm-bench record-graphs OUT.csv [--steps N] [--seed S]\n"
             "                                    record a trace with capture segments on the sim: a\n"
             "                                    training loop whose steps are CUDA graphs sharing a pool\n"
-            "  vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--quick] [--json]\n"
+            "  vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--ring-passes N]\n"
+            "                    [--quick] [--json]\n"
             "                                    malloc+free cost vs glibc and jemalloc (pair and ring\n"
             "                                    patterns; 1, 2, 4.. N threads (default 4), each on its\n"
             "                                    own stream; live 100 .. --max-live, default 10^6, 10^4\n"
             "                                    with --quick; --conf: added to vmmalloc's\n"
-            "                                    configuration, e.g. lanes:false)\n"
+            "                                    configuration, e.g. lanes:false; --ring-passes: times\n"
+            "                                    each ring is run through before the clock, default 4)\n"
             "  vmm-bench scale [--max-events N] [--json]\n"
             "                                    replay time vs length of generated traces\n"
             "  vmm-bench frames [--quick] [--json]\n"
@@ -441,7 +444,7 @@ static int cmd_replay(int argc, char **argv)
 
 static int cmd_latency(int argc, char **argv)
 {
-    bench_latency_opts o = {.max_live = 0, .max_threads = 4};
+    bench_latency_opts o = {.max_live = 0, .max_threads = 4, .ring_passes = BENCH_RING_PASSES};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -454,6 +457,10 @@ static int cmd_latency(int argc, char **argv)
         else if (!strcmp(a, "--max-live") && more) {
             if (bench_parse_size(argv[++i], &o.max_live) || o.max_live < 100)
                 return bad_usage("bad --max-live (at least 100)", argv[i]);
+        } else if (!strcmp(a, "--ring-passes") && more) {
+            o.ring_passes = atoi(argv[++i]);
+            if (o.ring_passes < 0 || o.ring_passes > 100)
+                return bad_usage("bad --ring-passes (0 to 100)", argv[i]);
         } else if (!strcmp(a, "--threads") && more) {
             o.max_threads = atoi(argv[++i]);
             if (o.max_threads < 1 || o.max_threads > BENCH_LATENCY_MAX_THREADS)

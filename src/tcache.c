@@ -427,10 +427,10 @@ static size_t bin_give(vmm_allocator *a, vmm_tcache *tc, tc_bin *bin, uint32_t k
 /* 1 when bin holds the block at addr. */
 static inline int bin_holds(const tc_bin *bin, uintptr_t addr)
 {
-    unsigned hit = 0;
-    for (uint32_t i = 0; i < TC_BIN_CAP; i++) /* entries past n are stale: masked */
-        hit |= (unsigned)(bin->addr[i] == addr) & (unsigned)(i < bin->n);
-    return hit != 0;
+    for (uint32_t i = 0; i < bin->n; i++)
+        if (bin->addr[i] == addr)
+            return 1;
+    return 0;
 }
 
 /* Index of the newest (malloc: the warmest) or oldest (give-backs: the coldest) block of lane s
@@ -481,8 +481,8 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
 int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 {
     *trim = 0;
-    vmm_tcache *tc = cache_get(a);
-    if (!tc || !tc->num)
+    vmm_tc_state *T = a->tcs;
+    if (!atomic_load_explicit(&T->on, memory_order_relaxed))
         return 0;
     /* Anything unusual is the allocator's business: bad pointers, uses on other streams, groups,
      * blocks too large or of the large pool (tc_class 0), and a block another cache may hold.
@@ -495,8 +495,12 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
     if (!sl)
         return 0;
     unsigned cls = sl->tc_class;
-    if (!cls || (sl->tc_owner && sl->tc_owner != tc->num) || !vmm_mutex_trylock(&tc->lock)) {
+    vmm_tcache *tc = cls ? cache_find(a, T->id) : NULL;
+    if (!tc || !tc->num || (sl->tc_owner && sl->tc_owner != tc->num) ||
+        !vmm_mutex_trylock(&tc->lock)) {
         vmm_live_slot_unlock(a, sh);
+        if (cls && !tc)
+            cache_get(a); /* this thread's first: made now (not under the shard's lock) for the next */
         return 0;
     }
     tc_bin *bin = &tc->bins[cls - 1];
@@ -625,8 +629,8 @@ void vmm_tc_fold_self(vmm_allocator *a)
         vmm_mutex_lock(&tc->lock);
         fold_locked(a, tc);
         vmm_mutex_unlock(&tc->lock);
+        cap_follow(a); /* a cache at work: its cap follows the pool (stats readers' folds too) */
     }
-    cap_follow(a); /* every slow path of a thread with a cache or not */
 }
 
 /* The calling thread's cache, locked, its deltas not folded (a lane's lock held, not the
