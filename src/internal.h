@@ -310,8 +310,8 @@ enum { VMM_TC_STEP = 512, VMM_TC_MAX_SIZE = 64 << 10, VMM_TC_BINS = VMM_TC_MAX_S
 _Static_assert(VMM_TC_BINS <= 255, "a step number fits vmm_live_slot.tc_class");
 /* A slot keeps its block's address beside the record pointer: probes compare keys in the table
  * and touch no record (with 10^6 live blocks each record is a cache miss). A thread cache's free
- * reads and writes the slot only, never the record (a record touched there cost the 10^6-live
- * ring pattern ~45% of its pair: docs/benchmarks.md), so the slot also holds what that free needs:
+ * reads and writes the slot only, never the record (with the record read, the 10^6-live ring
+ * pattern cost ~460 ns a pair, ~230 without: docs/benchmarks.md), so the slot also holds what it needs:
  * the block's lane key, its requested bytes, its size in thread-cache steps while a cache may take
  * it, and the number of the last cache it went into. blk NULL: empty. */
 typedef struct vmm_live_slot {
