@@ -27,6 +27,12 @@
 #define VMM_UNLIKELY(x) (x)
 #endif
 
+/* The largest power of two not above x (x > 0). */
+static inline size_t vmm_floor_pow2(size_t x)
+{
+    return (size_t)1 << (63 - __builtin_clzll((unsigned long long)x));
+}
+
 /* ---- error.c ---------------------------------------------------------------------------- */
 
 /* Set this thread's vmm_last_error() text and return `status` (so callers can `return vmm_fail(...)`). */

@@ -39,7 +39,7 @@ static size_t next_division(size_t size, unsigned divisions)
 {
     if ((size & (size - 1)) == 0)
         return size;
-    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+    size_t floor2 = vmm_floor_pow2(size);
     size_t step = floor2 / divisions;
     if (step == 0)
         return size;
@@ -687,12 +687,13 @@ static size_t live_hash(uintptr_t addr, size_t mask)
     return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
 }
 
-static void live_put(vmm_live_slot *t, size_t cap, const vmm_live_slot *sl)
+/* The empty slot where a block at addr goes (the table has room). */
+static vmm_live_slot *live_empty(vmm_live_slot *t, size_t cap, uintptr_t addr)
 {
-    size_t i = live_hash(sl->addr, cap - 1);
+    size_t i = live_hash(addr, cap - 1);
     while (t[i].blk)
         i = (i + 1) & (cap - 1);
-    t[i] = *sl;
+    return &t[i];
 }
 
 /* A block's step for the thread caches (vmm_live_slot.tc_class), 0 when no cache may take it. */
@@ -707,10 +708,7 @@ static unsigned live_tc_class(const vmm_block *b)
  * pattern ~15 ns a pair in failed store-to-load forwarding. */
 static void live_put_new(vmm_live_slot *t, size_t cap, vmm_block *b, vmm_stream key, unsigned c)
 {
-    size_t i = live_hash(b->addr, cap - 1);
-    while (t[i].blk)
-        i = (i + 1) & (cap - 1);
-    vmm_live_slot *sl = &t[i];
+    vmm_live_slot *sl = live_empty(t, cap, b->addr);
     sl->addr = b->addr;
     sl->blk = b;
     sl->key = key;
@@ -743,7 +741,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
                 shard_lock(a, sh, s);
             for (size_t i = 0; i < sh->cap; i++)
                 if (sh->t[i].blk)
-                    live_put(nt, ncap, &sh->t[i]);
+                    *live_empty(nt, ncap, sh->t[i].addr) = sh->t[i];
             vmm_live_slot *old = sh->t;
             size_t old_cap = sh->cap;
             sh->t = nt;
@@ -846,25 +844,9 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
     return vmm_live_find_slot(a, addr, &slot);
 }
 
-vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy)
-{
-    /* small-pool shards only: nothing else can be thread-cached */
-    size_t s = live_shard_of(a, addr, VMM_SMALL);
-    vmm_live_shard *sh = &a->live[s];
-    vmm_mutex_lock(&sh->lock);
-    size_t i = shard_find(sh, addr);
-    vmm_block *found = NULL;
-    if (i != SIZE_MAX) {
-        found = sh->t[i].blk;
-        if (copy)
-            *copy = sh->t[i];
-    }
-    vmm_mutex_unlock(&sh->lock);
-    return found;
-}
-
 vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
 {
+    /* small-pool shards only: nothing else can be thread-cached */
     size_t s = live_shard_of(a, addr, VMM_SMALL);
     vmm_live_shard *sh = &a->live[s];
     vmm_mutex_lock(&sh->lock);
@@ -875,6 +857,19 @@ vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shar
     }
     *shard = s;
     return &sh->t[i];
+}
+
+vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy)
+{
+    size_t s;
+    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &s);
+    if (!sl)
+        return NULL;
+    vmm_block *found = sl->blk;
+    if (copy)
+        *copy = *sl;
+    vmm_live_slot_unlock(a, s);
+    return found;
 }
 
 void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested)

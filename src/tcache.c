@@ -562,7 +562,7 @@ static void cap_follow(vmm_allocator *a)
     size_t cap = T->cap_bytes;
     size_t share = allocated > 0 ? (size_t)allocated / TC_CAP_SHARE : 0;
     if (share > cap)
-        cap = (size_t)1 << (63 - __builtin_clzll((unsigned long long)share));
+        cap = vmm_floor_pow2(share);
     if (cap < T->cap_bytes)
         cap = T->cap_bytes;
     if (cap != atomic_load_explicit(&T->cap, memory_order_relaxed))
