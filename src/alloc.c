@@ -530,12 +530,18 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     } else if (VMM_UNLIKELY(a->ipc != NULL) && (rc = vmm_ipc_hold(a, b)) != 0) {
         if (rc > 0)
             rc = VMM_OK; /* shared and still open in another process: freed when they let go */
+    } else if (VMM_UNLIKELY(b->seg->pool == VMM_SMALL &&
+                            !vmm_tc_take_live(a, (uintptr_t)ptr, b, vmm_live_owner_at(a, slot)))) {
+        /* a thread cache took it since the lookup: another thread freed it at the same moment */
+        rc = vmm_fail(VMM_EBADPTR, "vmm_free: %p was already freed", ptr);
     } else {
         vmm_stream_rec *sr = b->seg->srec;
         int pool = b->seg->pool;
         /* the slot found above, before anything lets the lanes go: their inserts and removals
-         * move the entries of a shard */
-        vmm_live_remove_at(a, slot);
+         * move the entries of a shard (small-pool blocks: taken above, under the lock of the
+         * cache their slot names) */
+        if (pool != VMM_SMALL)
+            vmm_live_remove_at(a, slot);
         /* used by other streams: record the events prepared by record_stream and wait for them
          * on the deferred list. Cannot fail: what cannot be recorded now is retried later, so a
          * caller that cannot retry (PyTorch's free hook) never leaks the block. */

@@ -329,9 +329,12 @@ typedef struct vmm_live_slot {
                                 * pool, at most VMM_TC_MAX_SIZE, no record_stream use, no group;
                                 * 0: never (set at insert, cleared by vmm_live_tc_forbid) */
     uint8_t pad_;
-    uint16_t tc_owner;         /* number of the last thread cache the block was freed into, 0:
+    _Atomic uint16_t tc_owner; /* number of the last thread cache the block was freed into, 0:
                                 * none; a hint that the block may be in that cache's bin, where
-                                * vmm_tc_holds looks (a cache's malloc leaves it stale) */
+                                * vmm_tc_holds looks (a cache's malloc leaves it stale). Written
+                                * by a cache's free under the shard's lock; read without it by
+                                * lookups under the allocator lock (relaxed: vmm_tc_take_live
+                                * decides under locks) */
 } vmm_live_slot;
 _Static_assert(sizeof(vmm_live_slot) == 32, "vmm_live_slot: two per cache line");
 typedef struct vmm_live_shard {
@@ -547,9 +550,11 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr);
 /* The same by table slot: find gives the slot, remove_at takes it (one probe sequence per free). */
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot);
 void vmm_live_remove_at(vmm_allocator *a, size_t slot);
-/* Find and remove b (at addr; the caller knows no thread cache holds it) under its shard's lock
- * in one hold, for writers that another lane may race on the shard: 1 done, 0 it is not there
- * (nothing changed). */
+/* The slot's tc_owner as it reads now (a hint for vmm_tc_take_live). */
+unsigned vmm_live_owner_at(const vmm_allocator *a, size_t slot);
+/* Find and remove b (at addr; no thread cache may hold it: a drain's own block, or a large-pool
+ * block) under its shard's lock in one hold, for writers that another lane may race on the shard:
+ * 1 done, 0 it is not there (nothing changed). A free uses vmm_tc_take_live. */
 int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b);
 /* Writer's locks held: b (allocated) may no longer go to a thread cache (record_stream, groups). */
 void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b);
@@ -558,6 +563,8 @@ void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b);
  * there; nothing else of the slot may change. */
 vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard);
 #define vmm_live_slot_unlock(a, shard) vmm_mutex_unlock(&(a)->live[(shard)].lock)
+/* The slot vmm_live_slot_lock gave goes out of the table, and its shard's lock is let go. */
+void vmm_live_slot_take(vmm_allocator *a, size_t shard, vmm_live_slot *sl);
 /* A thread cache hands the block at addr out again for `requested` bytes (its cache's lock held):
  * block record and slot. */
 void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested);
@@ -831,6 +838,13 @@ void vmm_tc_resume(vmm_allocator *a, int was);
 /* Allocator lock or s->blk's lane's held, no thread cache's: 1 when the cache numbered
  * s->tc_owner holds s->blk (takes that cache's lock to look), 0 when no cache does. */
 int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s);
+/* A free's removal from the live table (allocator lock or b's lane's held, no thread cache's): b
+ * at addr goes out of the table unless a thread cache holds it (a free of a block freed already).
+ * Looking and taking are one step under the lock of the cache the slot names, which every free
+ * into that cache holds, so two threads freeing one pointer at once cannot put the block both in a
+ * cache and in its pool. hint: the slot's tc_owner as the caller last saw it (0: none), whose
+ * cache is locked first. 1 taken, 0 not in the table or cached (nothing changed). */
+int vmm_tc_take_live(vmm_allocator *a, uintptr_t addr, const vmm_block *b, unsigned hint);
 /* Caches, bytes they hold, most bytes one may hold now, and counts up to the last vmm_tc_fold
  * (the caller folds first, as for the stats): mallocs served and not, frees kept and not (the
  * allocator's); allocator lock held. */

@@ -215,10 +215,11 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim)
     sr->bk.in_path = 1; /* pool.c counts and recycles records in this lane's books */
     sr->bk.dirty = 1;
     /* the full bin first, as the allocator's free does: the older half of this lane's blocks in
-     * it; a bin holding only other lanes' blocks is the allocator's to trim */
+     * it; a bin holding only other lanes' blocks is the allocator's to trim. A block a thread
+     * cache holds is not taken (freed already: vmm_free says so). */
+    unsigned seen = atomic_load_explicit(&sl.tc_owner, memory_order_relaxed);
     if (lane_usable(a) && b->state == VMM_BLOCK_ALLOCATED && !b->n_uses && !b->grouped &&
-        !(sl.tc_owner && vmm_tc_holds(a, &sl)) && /* freed already: vmm_free reports it */
-        (!trim || vmm_tc_trim_lane(a, trim, sr->key)) && vmm_live_take(a, (uintptr_t)ptr, b)) {
+        (!trim || vmm_tc_trim_lane(a, trim, sr->key)) && vmm_tc_take_live(a, (uintptr_t)ptr, b, seen)) {
         vmm_count_free(a, &sr->bk.d, b);
         /* stamped with its stream's sequence, as vmm_free does */
         b->free_seq = ++sr->seq;

@@ -715,7 +715,7 @@ static void live_put_new(vmm_live_slot *t, size_t cap, vmm_block *b, vmm_stream 
     sl->requested = c ? (uint32_t)b->requested : 0;
     sl->tc_class = (uint8_t)c;
     sl->pad_ = 0;
-    sl->tc_owner = 0;
+    atomic_store_explicit(&sl->tc_owner, 0, memory_order_relaxed);
 }
 
 /* Room for one more block of `pool` at addr, held for it (sh->reserved) until live_put_block or
@@ -830,7 +830,8 @@ vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
         if (i == SIZE_MAX)
             continue;
         /* a block in a thread cache is freed as far as callers go (caller holds no shard lock) */
-        if (sh->t[i].tc_owner && vmm_tc_holds(a, &sh->t[i]))
+        if (atomic_load_explicit(&sh->t[i].tc_owner, memory_order_relaxed) &&
+            vmm_tc_holds(a, &sh->t[i]))
             return NULL;
         *slot = slot_make(ss[k], i);
         return sh->t[i].blk;
@@ -949,6 +950,19 @@ static void shard_remove(vmm_live_shard *sh, size_t i)
             i = j;
         }
     }
+}
+
+unsigned vmm_live_owner_at(const vmm_allocator *a, size_t slot)
+{
+    const vmm_live_slot *sl = &a->live[slot % VMM_LIVE_SHARDS].t[slot / VMM_LIVE_SHARDS];
+    return atomic_load_explicit(&sl->tc_owner, memory_order_relaxed);
+}
+
+void vmm_live_slot_take(vmm_allocator *a, size_t shard, vmm_live_slot *sl)
+{
+    vmm_live_shard *sh = &a->live[shard];
+    shard_remove(sh, (size_t)(sl - sh->t));
+    vmm_live_slot_unlock(a, shard);
 }
 
 void vmm_live_remove_at(vmm_allocator *a, size_t slot)

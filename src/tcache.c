@@ -15,8 +15,9 @@
  * (the ring pattern: ~460 ns a pair with it, ~230 without). It marks the slot with the cache's number
  * (tc_owner), which a malloc from the cache leaves stale: a double free is a slot naming this
  * cache whose bin holds the block; a slot naming another cache sends the free to the allocator,
- * which asks that cache (vmm_tc_holds). A malloc writes the slot only when its size differs from
- * the requested bytes the slot has.
+ * which asks that cache (vmm_tc_holds), and takes the slot out of the table under that cache's
+ * lock (vmm_tc_take_live), so that a free racing it into the cache cannot fall between the two. A
+ * malloc writes the slot only when its size differs from the requested bytes the slot has.
  *
  * Locks, in order: the registry mutex (thread exit, cache creation, vmm_destroy), the allocator
  * lock (or a lane's), a cache's lock, a live shard's lock. A fast path takes its cache's lock and
@@ -433,6 +434,13 @@ static inline int bin_holds(const tc_bin *bin, uintptr_t addr)
     return 0;
 }
 
+/* The cache numbered k, or NULL (its lock not taken). Allocator lock or a lane's held: by_num
+ * changes only under the allocator lock, which holds every lane's. */
+static vmm_tcache *cache_numbered(const vmm_tc_state *T, unsigned k)
+{
+    return k && k < T->cap_num ? T->by_num[k] : NULL;
+}
+
 /* Index of the newest (malloc: the warmest) or oldest (give-backs: the coldest) block of lane s
  * in bin, or -1. */
 static inline int bin_find(const tc_bin *bin, vmm_stream s, int oldest)
@@ -496,7 +504,8 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
         return 0;
     unsigned cls = sl->tc_class;
     vmm_tcache *tc = cls ? cache_find(a, T->id) : NULL;
-    if (!tc || !tc->num || (sl->tc_owner && sl->tc_owner != tc->num) ||
+    unsigned owner = atomic_load_explicit(&sl->tc_owner, memory_order_relaxed);
+    if (!tc || !tc->num || (owner && owner != tc->num) ||
         !vmm_mutex_trylock(&tc->lock)) {
         vmm_live_slot_unlock(a, sh);
         if (cls && !tc)
@@ -508,7 +517,7 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
     int keep = 0;
     if (VMM_UNLIKELY(!cache_still_on(a))) {
         keep = -1;
-    } else if (sl->tc_owner == tc->num && bin_holds(bin, sl->addr)) {
+    } else if (owner == tc->num && bin_holds(bin, sl->addr)) {
         keep = -1; /* freed twice: the allocator says so */
     } else if (bin->n == TC_BIN_CAP ||
                tc->bytes + size > atomic_load_explicit(&a->tcs->cap, memory_order_relaxed)) {
@@ -521,7 +530,7 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
         mark_dirty(tc);
     } else {
         keep = 1;
-        sl->tc_owner = tc->num;
+        atomic_store_explicit(&sl->tc_owner, tc->num, memory_order_relaxed);
         bin->addr[bin->n] = sl->addr;
         bin->e[bin->n++] = (tc_entry){sl->blk, sl->key, sl->requested};
     }
@@ -542,15 +551,52 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s)
 {
     vmm_tc_state *T = a->tcs;
-    if (!T || !s->tc_owner || !s->tc_class || s->tc_owner >= T->cap_num)
-        return 0;
-    vmm_tcache *tc = T->by_num[s->tc_owner];
+    unsigned owner = atomic_load_explicit(&s->tc_owner, memory_order_relaxed);
+    vmm_tcache *tc = T && s->tc_class ? cache_numbered(T, owner) : NULL;
     if (!tc)
         return 0;
     vmm_mutex_lock(&tc->lock);
     int held = bin_holds(&tc->bins[s->tc_class - 1], s->addr);
     vmm_mutex_unlock(&tc->lock);
     return held;
+}
+
+int vmm_tc_take_live(vmm_allocator *a, uintptr_t addr, const vmm_block *b, unsigned hint)
+{
+    vmm_tc_state *T = a->tcs;
+    if (!T || b->seg->pool != VMM_SMALL)
+        return vmm_live_take(a, addr, b); /* no cache takes large-pool blocks */
+    /* Lock order is cache, then shard: with the named cache's lock held, no free can put the block
+     * into that cache, and no other cache takes a block whose slot names one (vmm_tc_free). When
+     * the slot names another cache than the one locked (the hint was stale), go round again. */
+    vmm_tcache *locked = cache_numbered(T, hint);
+    if (locked)
+        vmm_mutex_lock(&locked->lock);
+    for (;;) {
+        size_t sh;
+        vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &sh);
+        if (sl && sl->blk != b) {
+            vmm_live_slot_unlock(a, sh);
+            sl = NULL;
+        }
+        unsigned owner = sl ? atomic_load_explicit(&sl->tc_owner, memory_order_relaxed) : 0;
+        vmm_tcache *tc = sl && sl->tc_class ? cache_numbered(T, owner) : NULL;
+        if (!sl || tc == locked) {
+            int held = sl && tc && bin_holds(&tc->bins[sl->tc_class - 1], addr);
+            if (held)
+                vmm_live_slot_unlock(a, sh);
+            else if (sl)
+                vmm_live_slot_take(a, sh, sl);
+            if (locked)
+                vmm_mutex_unlock(&locked->lock);
+            return sl && !held;
+        }
+        vmm_live_slot_unlock(a, sh);
+        if (locked)
+            vmm_mutex_unlock(&locked->lock);
+        if ((locked = tc) != NULL) /* NULL: the hint named a cache the slot no longer does */
+            vmm_mutex_lock(&locked->lock);
+    }
 }
 
 /* The caches' cap after the small pool's allocated bytes moved (allocator lock held, deltas

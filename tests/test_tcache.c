@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "testutil.h"
 #include "vmmalloc.h"
 #include "vmmalloc_sim.h"
@@ -278,6 +279,101 @@ static void test_slot_other_live_cache(void)
     XA = NULL;
 }
 
+/* Two threads free one pointer at the same moment (a user's bug): one free is done and the other
+ * refused, whichever path each takes. The worker's free goes into its cache; this thread's goes
+ * through the lane (or, with lanes off, the allocator lock), whose check that no cache holds the
+ * block must be one step with taking it out of the live table, or the block lands in the cache and
+ * in the pool at once. */
+enum { RACE_ROUNDS = 20000 };
+static _Atomic int race_rc[2];
+static void *race_p;
+
+static void *race_worker(void *arg)
+{
+    int *errors = arg;
+    for (int i = 0; i < RACE_ROUNDS; i++) {
+        if (vmm_malloc(XA, 1024 + 512 * (size_t)(i % 3), NULL, &race_p))
+            (*errors)++;
+        pthread_barrier_wait(&xbar); /* both free */
+        race_rc[1] = vmm_free(XA, race_p);
+        pthread_barrier_wait(&xbar); /* main checks */
+        pthread_barrier_wait(&xbar);
+    }
+    return NULL;
+}
+
+static void test_racing_double_free(const char *conf)
+{
+    CHECK_OK(vmm_create(conf, &XA));
+    int errors = 0, both = 0, neither = 0;
+    void *mine = NULL;
+    CHECK_OK(vmm_malloc(XA, 1024, NULL, &mine)); /* lanes open once the worker mallocs */
+    CHECK(pthread_barrier_init(&xbar, NULL, 2) == 0);
+    pthread_t tid;
+    CHECK(pthread_create(&tid, NULL, race_worker, &errors) == 0);
+    for (int i = 0; i < RACE_ROUNDS; i++) {
+        pthread_barrier_wait(&xbar);
+        race_rc[0] = vmm_free(XA, race_p);
+        pthread_barrier_wait(&xbar);
+        int ok = (race_rc[0] == VMM_OK) + (race_rc[1] == VMM_OK);
+        both += ok == 2;
+        neither += ok == 0;
+        if (ok != 1 || i % 512 == 0)
+            CHECK_OK(vmm_check(XA));
+        pthread_barrier_wait(&xbar);
+    }
+    pthread_join(tid, NULL);
+    pthread_barrier_destroy(&xbar);
+    CHECK(errors == 0);
+    CHECK(both == 0);
+    CHECK(neither == 0);
+    CHECK_OK(vmm_free(XA, mine));
+    CHECK_OK(vmm_check(XA));
+    vmm_stats st = vmm_test_stats(XA);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(XA);
+    XA = NULL;
+}
+
+/* vmm_tc_take_live, the slow free's removal, against slots the caller saw otherwise: a cached
+ * block stays (held: a double free), one whose slot names no cache that holds it goes, and a hint
+ * naming a cache the slot no longer lets take it (record_stream cleared its step) is let go. */
+static void test_take_live_hints(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *p = NULL, *q = NULL;
+    CHECK_OK(vmm_malloc(a, 1024, NULL, &p));
+    CHECK_OK(vmm_free(a, p)); /* into this thread's cache */
+    vmm_live_slot seen;
+    vmm_lock(a);
+    vmm_block *b = vmm_live_lookup(a, (uintptr_t)p, &seen);
+    CHECK(b != NULL && seen.tc_owner != 0 && seen.tc_class != 0);
+    CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, 0) == 0);              /* no hint: held */
+    CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 0); /* hint: held */
+    CHECK(vmm_live_lookup(a, (uintptr_t)p, NULL) == b);
+    vmm_unlock(a);
+    CHECK_OK(vmm_malloc(a, 1024, NULL, &q));
+    CHECK(q == p); /* handed out again: the slot still names the cache */
+    vmm_stream s2 = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    CHECK_OK(vmm_record_stream(a, p, s2)); /* no cache may take it now: step cleared */
+    vmm_lock(a);
+    b = vmm_live_lookup(a, (uintptr_t)p, &seen);
+    CHECK(b != NULL && seen.tc_owner != 0 && seen.tc_class == 0);
+    CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 1);
+    CHECK(vmm_live_lookup(a, (uintptr_t)p, NULL) == NULL);
+    CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 0); /* gone: not taken twice */
+    CHECK_OK(vmm_live_insert(a, b));                                  /* back as it was */
+    vmm_unlock(a);
+    CHECK_OK(vmm_check(a));
+    CHECK_OK(vmm_free(a, p));
+    CHECK(vmm_free(a, p) == VMM_EBADPTR);
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a);
+}
+
 /* A block with record_stream uses is the allocator's to free (events); a block on another stream
  * is not handed to this one. */
 static void test_streams_and_uses(void)
@@ -513,6 +609,9 @@ int main(void)
     test_slot_only_free();
     test_slot_other_cache();
     test_slot_other_live_cache();
+    test_take_live_hints();
+    test_racing_double_free(CONF);
+    test_racing_double_free("driver:sim,sim_capacity:1G,sim_backed:false,lanes:false");
     test_cap_follows_pool();
     test_streams_and_uses();
     test_history_turns_off();
