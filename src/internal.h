@@ -819,6 +819,10 @@ size_t vmm_tc_trim_self(vmm_allocator *a, size_t size);
  * of lane s in its bin of `size`-byte blocks back to their pool; no deltas folded. Returns 0 when
  * the bin holds only other lanes' blocks (the allocator trims those), else 1. */
 int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s);
+/* Lane s's lock held, not the allocator's: the older half of the calling thread's blocks of lane
+ * s in every bin back (vmm_tc_trim_self's second step, for one lane; no deltas folded). Returns
+ * the bytes given back. */
+size_t vmm_tc_trim_lane_all(vmm_allocator *a, vmm_stream s);
 /* Lane s's lock held, not the allocator's: vmm_tc_give_fit without folding deltas. */
 size_t vmm_tc_give_fit_lane(vmm_allocator *a, size_t size, vmm_stream s);
 /* Allocator lock held: the calling thread's smallest cached block of lane s at least `size` bytes

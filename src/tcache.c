@@ -757,6 +757,22 @@ size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
 }
 
 
+/* The older half of lane s's blocks in bin back (lane s's lock and tc's held); *had: whether the
+ * bin held any of them. Returns the bytes given back. */
+static size_t trim_lane_bin(vmm_allocator *a, vmm_tcache *tc, tc_bin *bin, vmm_stream s, int *had)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < bin->n; i++)
+        n += bin->e[i].key == s;
+    *had = n > 0;
+    size_t given = 0, size = (size_t)(bin - tc->bins + 1) * TC_STEP;
+    for (n = (n + 1) / 2; n--;) {
+        bin_give(a, tc, bin, (uint32_t)bin_find(bin, s, 1));
+        given += size;
+    }
+    return given;
+}
+
 int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
 {
     if (size > TC_MAX_SIZE || size < TC_STEP)
@@ -765,14 +781,25 @@ int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
     if (!tc)
         return 0;
     tc_bin *bin = &tc->bins[size / TC_STEP - 1];
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < bin->n; i++)
-        n += bin->e[i].key == s;
-    int ok = n > 0 || bin->n == 0;
-    for (n = (n + 1) / 2; n--;)
-        bin_give(a, tc, bin, (uint32_t)bin_find(bin, s, 1));
+    int had;
+    trim_lane_bin(a, tc, bin, s, &had);
+    int ok = had || bin->n == 0;
     vmm_mutex_unlock(&tc->lock);
     return ok;
+}
+
+size_t vmm_tc_trim_lane_all(vmm_allocator *a, vmm_stream s)
+{
+    vmm_tcache *tc = self_locked_nofold(a);
+    if (!tc)
+        return 0;
+    size_t given = 0;
+    int had;
+    for (int i = 0; i < TC_BINS; i++)
+        if (tc->bins[i].n)
+            given += trim_lane_bin(a, tc, &tc->bins[i], s, &had);
+    vmm_mutex_unlock(&tc->lock);
+    return given;
 }
 
 size_t vmm_tc_drain(vmm_allocator *a, int self_only)

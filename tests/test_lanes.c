@@ -303,6 +303,51 @@ static void test_one_thread_after_open(void)
     vmm_destroy(a);
 }
 
+/* A lane malloc that finds no fit gives back the older half of this lane's blocks in every bin
+ * of the thread's cache and tries again, under the lane's lock alone: only growth needs the
+ * allocator lock, which stops every other lane. Stream s's first small page (2 MiB) is filled
+ * exactly, every block freed into the cache (16 per bin, 2 MiB under its 4 MiB cap), so its lane
+ * holds no free block; a 96 KiB malloc (over the cache's 64 KiB) then fits only once the older
+ * half of each bin is back and merged. */
+static void test_lane_trims_cache(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *first = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &first));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, touch_main, a) == 0);
+    pthread_join(t, NULL);
+    CHECK_OK(vmm_free(a, first));
+    vmm_stream s = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s));
+    enum { PER_BIN = 16 };
+    const size_t sizes[3] = {64 << 10, 48 << 10, 16 << 10}; /* 16 of each: 2 MiB */
+    void *p[3 * PER_BIN];
+    for (int i = 0; i < 3 * PER_BIN; i++)
+        CHECK_OK(vmm_malloc(a, sizes[i / PER_BIN], s, &p[i]));
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
+    for (int i = 1; i < 3 * PER_BIN; i++) /* one page, carved in order */
+        CHECK_EQ((uintptr_t)p[i], (uintptr_t)p[i - 1] + sizes[(i - 1) / PER_BIN]);
+    int64_t reserved = vmm_test_stats(a).reserved_bytes[VMM_POOL_SMALL].current;
+    for (int i = 0; i < 3 * PER_BIN; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    CHECK_EQ(vmm_test_json_num(a, "thread_caches.bytes"), 2 << 20);
+    long long before = vmm_test_json_num(a, "lanes.mallocs");
+    void *q = NULL;
+    CHECK_OK(vmm_malloc(a, 96 << 10, s, &q));
+    CHECK_EQ(vmm_test_json_num(a, "lanes.mallocs"), before + 1); /* the lane, not the allocator */
+    /* best fit among the merged halves (8 blocks of each size): the 16 KiB ones, 128 KiB */
+    CHECK_EQ((uintptr_t)q, (uintptr_t)p[2 * PER_BIN]);
+    CHECK_EQ(vmm_test_json_num(a, "thread_caches.bytes"), (2 << 20) - 8 * (128 << 10));
+    CHECK_EQ(vmm_test_stats(a).reserved_bytes[VMM_POOL_SMALL].current, reserved); /* no growth */
+    CHECK_OK(vmm_check(a));
+    CHECK_OK(vmm_free(a, q));
+    CHECK_OK(vmm_sim_stream_destroy(a, s));
+    check_empty(a);
+    vmm_destroy(a);
+}
+
 /* lanes:false keeps one lock however many threads there are. */
 static void test_lanes_off(void)
 {
@@ -588,6 +633,7 @@ int main(void)
     test_rings_large();
     test_lanes_off();
     test_one_thread_after_open();
+    test_lane_trims_cache();
     test_lanes_step_aside();
     test_destroy_with_lanes();
     test_driver_calls_let_lanes_go();
