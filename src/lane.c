@@ -180,12 +180,15 @@ int vmm_lane_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
         int rc = vmm_pool_malloc_cached(a, NULL, sr, size, s, &b, &rounded, &pool);
         /* no fit: first, as the allocator's malloc does, the thread's smallest cached block of
          * this lane that fits, then the older half of this lane's blocks in every bin (they may
-         * merge into a fit). Only growth needs the allocator lock, which takes every lane's: the
-         * ring pattern with two threads missed the lane's fit in ~1/4 of its mallocs, and each
-         * trim under the allocator lock stalled the other thread's lane. */
+         * merge into a fit). Only growth needs the allocator lock, which takes every lane's: on
+         * the ring pattern with two threads under 1% of the lane's mallocs found no fit, but each
+         * trim under the allocator lock (up to 8 blocks from each of 128 bins) stalled the other
+         * thread's lane meanwhile: a fifth of the time went there (perf). */
         if (rc == VMM_OK && !b && vmm_tc_give_fit_lane(a, rounded, s))
             rc = vmm_pool_malloc_cached(a, NULL, sr, size, s, &b, &rounded, &pool);
-        if (rc == VMM_OK && !b && vmm_tc_trim_lane_all(a, s))
+        /* (small pool only: cached blocks cannot merge into a large fit; and not while deferred
+         * frees wait, which the allocator polls first) */
+        if (rc == VMM_OK && !b && pool == VMM_SMALL && !a->deferred && vmm_tc_trim_lane_all(a, s))
             rc = vmm_pool_malloc_cached(a, NULL, sr, size, s, &b, &rounded, &pool);
         if (rc == VMM_OK && b) {
             sr->bk.mallocs++;

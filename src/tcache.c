@@ -434,6 +434,12 @@ static inline int bin_holds(const tc_bin *bin, uintptr_t addr)
     return 0;
 }
 
+/* Whether a bin holds blocks of `size` bytes, and which. The slow paths ask by the block's size,
+ * not its slot's step: record_stream and groups clear the step of a block that a racing free (a
+ * user's bug) may have put into a cache meanwhile. */
+static inline int bin_sized(size_t size) { return size >= TC_STEP && size <= TC_MAX_SIZE; }
+static inline tc_bin *bin_of_size(vmm_tcache *tc, size_t size) { return &tc->bins[size / TC_STEP - 1]; }
+
 /* The cache numbered k, or NULL (its lock not taken). Allocator lock or a lane's held: by_num
  * changes only under the allocator lock, which holds every lane's. */
 static vmm_tcache *cache_numbered(const vmm_tc_state *T, unsigned k)
@@ -552,11 +558,11 @@ int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s)
 {
     vmm_tc_state *T = a->tcs;
     unsigned owner = atomic_load_explicit(&s->tc_owner, memory_order_relaxed);
-    vmm_tcache *tc = T && s->tc_class ? cache_numbered(T, owner) : NULL;
-    if (!tc)
+    vmm_tcache *tc = T ? cache_numbered(T, owner) : NULL;
+    if (!tc || !bin_sized(s->blk->size))
         return 0;
     vmm_mutex_lock(&tc->lock);
-    int held = bin_holds(&tc->bins[s->tc_class - 1], s->addr);
+    int held = bin_holds(bin_of_size(tc, s->blk->size), s->addr);
     vmm_mutex_unlock(&tc->lock);
     return held;
 }
@@ -580,9 +586,9 @@ int vmm_tc_take_live(vmm_allocator *a, uintptr_t addr, const vmm_block *b, unsig
             sl = NULL;
         }
         unsigned owner = sl ? atomic_load_explicit(&sl->tc_owner, memory_order_relaxed) : 0;
-        vmm_tcache *tc = sl && sl->tc_class ? cache_numbered(T, owner) : NULL;
+        vmm_tcache *tc = sl && bin_sized(b->size) ? cache_numbered(T, owner) : NULL;
         if (!sl || tc == locked) {
-            int held = sl && tc && bin_holds(&tc->bins[sl->tc_class - 1], addr);
+            int held = sl && tc && bin_holds(bin_of_size(tc, b->size), addr);
             if (held)
                 vmm_live_slot_unlock(a, sh);
             else if (sl)

@@ -337,8 +337,9 @@ static void test_racing_double_free(const char *conf)
 }
 
 /* vmm_tc_take_live, the slow free's removal, against slots the caller saw otherwise: a cached
- * block stays (held: a double free), one whose slot names no cache that holds it goes, and a hint
- * naming a cache the slot no longer lets take it (record_stream cleared its step) is let go. */
+ * block stays (held: a double free), also when its slot's step was cleared meanwhile; one whose
+ * slot names no cache that holds it goes, and a hint naming a cache the slot no longer lets take
+ * it (record_stream cleared its step) is let go. */
 static void test_take_live_hints(void)
 {
     vmm_allocator *a = NULL;
@@ -353,7 +354,13 @@ static void test_take_live_hints(void)
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, 0) == 0);              /* no hint: held */
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 0); /* hint: held */
     CHECK(vmm_live_lookup(a, (uintptr_t)p, NULL) == b);
+    /* a step cleared while the block sits in the cache (record_stream racing the free into it):
+     * the slow paths ask the bin of the block's size, and still find it there */
+    vmm_live_tc_forbid(a, b);
+    CHECK(vmm_live_lookup(a, (uintptr_t)p, &seen) == b && seen.tc_class == 0);
+    CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, 0) == 0);
     vmm_unlock(a);
+    CHECK(vmm_free(a, p) == VMM_EBADPTR); /* (no vmm_check here: it drains the cache) */
     CHECK_OK(vmm_malloc(a, 1024, NULL, &q));
     CHECK(q == p); /* handed out again: the slot still names the cache */
     vmm_stream s2 = NULL;
