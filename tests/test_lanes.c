@@ -258,10 +258,9 @@ static void *touch_main(void *arg)
     return NULL;
 }
 
-/* Lanes opened by a thread that then went away; one thread goes on, through its lane and the
- * allocator lock in turn (blocks over the thread cache's 64 KiB, and its own cached ones): the
- * counters, peaks included, are exact as with one lock. */
-static void test_one_thread_after_open(void)
+/* An allocator that a second thread (gone now) used: its lanes open with the next malloc that
+ * takes the allocator lock. */
+static vmm_allocator *make_second_thread(void)
 {
     vmm_allocator *a = NULL;
     CHECK_OK(vmm_create(CONF, &a));
@@ -271,6 +270,16 @@ static void test_one_thread_after_open(void)
     CHECK(pthread_create(&t, NULL, touch_main, a) == 0);
     pthread_join(t, NULL);
     CHECK_OK(vmm_free(a, first));
+    return a;
+}
+
+/* Lanes opened by a thread that then went away; one thread goes on, through its lane and the
+ * allocator lock in turn (blocks over the thread cache's 64 KiB, and its own cached ones): the
+ * counters, peaks included, are exact as with one lock. */
+static void test_one_thread_after_open(void)
+{
+    vmm_allocator *a = make_second_thread();
+    void *first = NULL;
     CHECK_OK(vmm_malloc(a, 512 << 10, NULL, &first)); /* the allocator lock: lanes open */
     CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
     enum { N = 100 };
@@ -311,14 +320,7 @@ static void test_one_thread_after_open(void)
  * half of each bin is back and merged. */
 static void test_lane_trims_cache(void)
 {
-    vmm_allocator *a = NULL;
-    CHECK_OK(vmm_create(CONF, &a));
-    void *first = NULL;
-    CHECK_OK(vmm_malloc(a, 4096, NULL, &first));
-    pthread_t t;
-    CHECK(pthread_create(&t, NULL, touch_main, a) == 0);
-    pthread_join(t, NULL);
-    CHECK_OK(vmm_free(a, first));
+    vmm_allocator *a = make_second_thread();
     vmm_stream s = NULL;
     CHECK_OK(vmm_sim_stream_create(a, &s));
     enum { PER_BIN = 16 };
@@ -352,14 +354,7 @@ static void test_lane_trims_cache(void)
  * first, and here the polled block fits, so the cache keeps what it holds. */
 static void test_lane_trim_waits_for_deferred(void)
 {
-    vmm_allocator *a = NULL;
-    CHECK_OK(vmm_create(CONF, &a));
-    void *first = NULL;
-    CHECK_OK(vmm_malloc(a, 4096, NULL, &first));
-    pthread_t t;
-    CHECK(pthread_create(&t, NULL, touch_main, a) == 0);
-    pthread_join(t, NULL);
-    CHECK_OK(vmm_free(a, first));
+    vmm_allocator *a = make_second_thread();
     vmm_stream s = NULL, s2 = NULL;
     CHECK_OK(vmm_sim_stream_create(a, &s));
     CHECK_OK(vmm_sim_stream_create(a, &s2));

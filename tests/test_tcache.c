@@ -250,6 +250,18 @@ static void *cross_live_worker(void *arg)
     return NULL;
 }
 
+/* The cross-thread tests' end: this thread's block freed, nothing left allocated, XA gone. */
+static void finish_cross(void *mine)
+{
+    CHECK_OK(vmm_free(XA, mine));
+    CHECK_OK(vmm_check(XA));
+    vmm_stats st = vmm_test_stats(XA);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
+    vmm_destroy(XA);
+    XA = NULL;
+}
+
 static void test_slot_other_live_cache(void)
 {
     CHECK_OK(vmm_create(CONF, &XA));
@@ -270,13 +282,7 @@ static void test_slot_other_live_cache(void)
     pthread_barrier_wait(&xbar);
     pthread_join(tid, NULL);
     pthread_barrier_destroy(&xbar);
-    CHECK_OK(vmm_free(XA, mine));
-    CHECK_OK(vmm_check(XA));
-    vmm_stats st = vmm_test_stats(XA);
-    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
-    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
-    vmm_destroy(XA);
-    XA = NULL;
+    finish_cross(mine);
 }
 
 /* Two threads free one pointer at the same moment (a user's bug): one free is done and the other
@@ -327,13 +333,7 @@ static void test_racing_double_free(const char *conf)
     CHECK(errors == 0);
     CHECK(both == 0);
     CHECK(neither == 0);
-    CHECK_OK(vmm_free(XA, mine));
-    CHECK_OK(vmm_check(XA));
-    vmm_stats st = vmm_test_stats(XA);
-    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
-    CHECK(st.requested_bytes[VMM_POOL_ALL].current == 0);
-    vmm_destroy(XA);
-    XA = NULL;
+    finish_cross(mine);
 }
 
 /* vmm_tc_take_live, the slow free's removal, against slots the caller saw otherwise: a cached
