@@ -102,8 +102,9 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  * Free a pointer returned by vmm_malloc. The memory is reused on its allocation stream at once
  * (stream order makes that safe) and on other streams only after every stream recorded with
  * vmm_record_stream has finished the work queued before this free. NULL is a no-op.
- * Returns VMM_OK, VMM_EBADPTR (never returned, interior pointer, double free) or VMM_EINVAL (a is
- * NULL): nothing else, so callers that cannot retry (PyTorch's free hook) never leak a block. The
+ * Returns VMM_OK, VMM_EBADPTR (never returned, interior pointer, double free; of two threads
+ * freeing one pointer at once, one gets VMM_OK and the other this) or VMM_EINVAL (a is NULL):
+ * nothing else, so callers that cannot retry (PyTorch's free hook) never leak a block. The
  * events a free records were taken by vmm_record_stream; one that could not be had or recorded
  * is recorded later (the block waits for it, never the caller), and waits that cannot have an
  * event at all synchronize the used stream (counted in num_event_waits).
@@ -119,8 +120,9 @@ VMM_API int vmm_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **
  *
  * Lanes (config key lanes, default true): once a second thread mallocs, a malloc the thread cache
  * missed and a free it did not keep take only their stream's lock when cached memory serves them
- * (a block that fits; a block with no vmm_record_stream use or group), so threads on their own
- * streams do not queue on the allocator's lock. Anything else takes it as before, and whoever holds
+ * (a block that fits, after the thread's own cached blocks of that stream went back to it; a
+ * block with no vmm_record_stream use or group), so threads on their own streams do not queue on
+ * the allocator's lock. Anything else (growth first) takes it as before, and whoever holds
  * it lets the streams' locks go around each driver call it makes (event records and queries, waits,
  * unmaps, handle releases, cudaMalloc / cudaFree in classic mode), so those never stop another
  * stream's lane. They turn off for good with the thread caches.
