@@ -77,7 +77,7 @@ void vmm_capture_oom_note(vmm_allocator *a, vmm_stream s, char *buf, size_t len)
              "allocator neither waited on pending frees (%zu) nor synchronized to free cached "
              "memory: capture prevented the sync",
              capturing ? "the allocating stream captures" : "", capturing ? ", " : "", a->n_routes,
-             a->n_deferred);
+             atomic_load_explicit(&a->n_deferred, memory_order_relaxed));
 }
 
 /* ---- uses recorded on capturing streams ------------------------------------------------------- */

@@ -183,7 +183,8 @@ static void deferred_unlink(vmm_allocator *a, vmm_block *b)
     if (b->dnext)
         b->dnext->dprev = b->dprev;
     b->dprev = b->dnext = NULL;
-    a->n_deferred--;
+    atomic_store_explicit(&a->n_deferred, atomic_load_explicit(&a->n_deferred, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
 }
 
 void vmm_defer_free(vmm_allocator *a, vmm_block *b)
@@ -196,7 +197,8 @@ void vmm_defer_free(vmm_allocator *a, vmm_block *b)
     if (a->deferred)
         a->deferred->dprev = b;
     a->deferred = b;
-    a->n_deferred++;
+    atomic_store_explicit(&a->n_deferred, atomic_load_explicit(&a->n_deferred, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
 }
 
 /* Retry b's unrecorded slots, then drop the slots whose work has completed; 1 when none is left.

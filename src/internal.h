@@ -370,7 +370,8 @@ struct vmm_allocator {
     size_t n_ev_pool, cap_ev_pool;
     size_t n_events;                   /* events created and not destroyed */
     vmm_block *deferred;               /* pending frees */
-    size_t n_deferred;
+    _Atomic size_t n_deferred;         /* blocks on it: written under the allocator lock, read
+                                        * by lanes (relaxed: a lane's trim waits while some are) */
     vmm_stream_rec *_Atomic streams;   /* lanes (stream records): linked under the allocator lock,
                                         * read without it by lane.c (records live to vmm_destroy) */
     vmm_stream *sim_streams;           /* streams made with vmm_sim_stream_create */

@@ -186,10 +186,11 @@ int vmm_lane_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
          * thread's lane meanwhile: a fifth of the time went there (perf). */
         if (rc == VMM_OK && !b && vmm_tc_give_fit_lane(a, rounded, s))
             rc = vmm_pool_malloc_cached(a, NULL, sr, size, s, &b, &rounded, &pool);
-        /* (small pool only: cached blocks cannot merge into a large fit. Before the allocator's
-         * poll of deferred frees, which might have served it: a lane cannot read that list,
-         * which the allocator's holder changes while it lets the lanes go around the queries.) */
-        if (rc == VMM_OK && !b && pool == VMM_SMALL && vmm_tc_trim_lane_all(a, s))
+        /* (small pool only: cached blocks cannot merge into a large fit; and not while deferred
+         * frees wait, which the allocator polls first. Their count, not their list: the
+         * allocator's holder changes the list while it lets the lanes go around its queries.) */
+        if (rc == VMM_OK && !b && pool == VMM_SMALL &&
+            !atomic_load_explicit(&a->n_deferred, memory_order_relaxed) && vmm_tc_trim_lane_all(a, s))
             rc = vmm_pool_malloc_cached(a, NULL, sr, size, s, &b, &rounded, &pool);
         if (rc == VMM_OK && b) {
             sr->bk.mallocs++;

@@ -422,7 +422,7 @@ static int check_events(const vmm_allocator *a)
         if (rc)
             return rc;
     }
-    if (ndef != a->n_deferred)
+    if (ndef != atomic_load_explicit(&a->n_deferred, memory_order_relaxed))
         return bad("deferred block count is wrong", 0);
     if (nev != a->n_events)
         return vmm_fail(VMM_ECORRUPT, "vmm_check: %zu events accounted for, %zu created", nev,

@@ -350,6 +350,39 @@ static void test_lane_trims_cache(void)
     vmm_destroy(a);
 }
 
+/* ... but not while a deferred free (record_stream) waits: the allocator's malloc polls those
+ * first, and here the polled block fits, so the cache keeps what it holds. */
+static void test_lane_trim_waits_for_deferred(void)
+{
+    vmm_allocator *a = make_second_thread();
+    vmm_stream s = NULL, s2 = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &s));
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    /* one 2 MiB page exactly: 128 KiB (not cacheable), 15 x 64 KiB, 16 x 48 KiB, 12 x 16 KiB */
+    enum { N = 44 };
+    void *p[N];
+    for (int i = 0; i < N; i++) {
+        size_t sz = i == 0 ? 128 << 10 : i < 16 ? 64 << 10 : i < 32 ? 48 << 10 : 16 << 10;
+        CHECK_OK(vmm_malloc(a, sz, s, &p[i]));
+    }
+    CHECK_EQ((uintptr_t)p[N - 1] + (16 << 10) - (uintptr_t)p[0], 2 << 20);
+    CHECK_OK(vmm_record_stream(a, p[0], s2));
+    for (int i = 0; i < N; i++)
+        CHECK_OK(vmm_free(a, p[i])); /* p[0]: deferred on s2's event; the rest: the cache */
+    long long cached = vmm_test_json_num(a, "thread_caches.bytes");
+    CHECK_EQ(cached, 15 * (64 << 10) + 16 * (48 << 10) + 12 * (16 << 10));
+    void *q = NULL;
+    CHECK_OK(vmm_malloc(a, 96 << 10, s, &q));
+    CHECK_EQ((uintptr_t)q, (uintptr_t)p[0]); /* the polled block */
+    CHECK_EQ(vmm_test_json_num(a, "thread_caches.bytes"), cached);
+    CHECK_OK(vmm_free(a, q));
+    CHECK_OK(vmm_sim_synchronize(a));
+    CHECK_OK(vmm_sim_stream_destroy(a, s));
+    CHECK_OK(vmm_sim_stream_destroy(a, s2));
+    check_empty(a);
+    vmm_destroy(a);
+}
+
 /* lanes:false keeps one lock however many threads there are. */
 static void test_lanes_off(void)
 {
@@ -636,6 +669,7 @@ int main(void)
     test_lanes_off();
     test_one_thread_after_open();
     test_lane_trims_cache();
+    test_lane_trim_waits_for_deferred();
     test_lanes_step_aside();
     test_destroy_with_lanes();
     test_driver_calls_let_lanes_go();
