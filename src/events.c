@@ -183,8 +183,7 @@ static void deferred_unlink(vmm_allocator *a, vmm_block *b)
     if (b->dnext)
         b->dnext->dprev = b->dprev;
     b->dprev = b->dnext = NULL;
-    atomic_store_explicit(&a->n_deferred, atomic_load_explicit(&a->n_deferred, memory_order_relaxed) - 1,
-                          memory_order_relaxed);
+    atomic_fetch_sub_explicit(&a->n_deferred, 1, memory_order_relaxed);
 }
 
 void vmm_defer_free(vmm_allocator *a, vmm_block *b)
@@ -197,8 +196,7 @@ void vmm_defer_free(vmm_allocator *a, vmm_block *b)
     if (a->deferred)
         a->deferred->dprev = b;
     a->deferred = b;
-    atomic_store_explicit(&a->n_deferred, atomic_load_explicit(&a->n_deferred, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    atomic_fetch_add_explicit(&a->n_deferred, 1, memory_order_relaxed);
 }
 
 /* Retry b's unrecorded slots, then drop the slots whose work has completed; 1 when none is left.

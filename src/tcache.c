@@ -771,22 +771,20 @@ static size_t trim_lane_bin(vmm_allocator *a, vmm_tcache *tc, tc_bin *bin, vmm_s
     for (uint32_t i = 0; i < bin->n; i++)
         n += bin->e[i].key == s;
     *had = n > 0;
-    size_t given = 0, size = (size_t)(bin - tc->bins + 1) * TC_STEP;
-    for (n = (n + 1) / 2; n--;) {
-        bin_give(a, tc, bin, (uint32_t)bin_find(bin, s, 1));
-        given += size;
-    }
+    size_t given = 0;
+    for (n = (n + 1) / 2; n--;)
+        given += bin_give(a, tc, bin, (uint32_t)bin_find(bin, s, 1));
     return given;
 }
 
 int vmm_tc_trim_lane(vmm_allocator *a, size_t size, vmm_stream s)
 {
-    if (size > TC_MAX_SIZE || size < TC_STEP)
+    if (!bin_sized(size))
         return 0;
     vmm_tcache *tc = self_locked_nofold(a);
     if (!tc)
         return 0;
-    tc_bin *bin = &tc->bins[size / TC_STEP - 1];
+    tc_bin *bin = bin_of_size(tc, size);
     int had;
     trim_lane_bin(a, tc, bin, s, &had);
     int ok = had || bin->n == 0;
