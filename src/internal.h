@@ -803,6 +803,9 @@ void vmm_tc_destroy(vmm_allocator *a);
 /* Fast paths, allocator lock NOT held: 1 when served by the calling thread's cache, 0 when the
  * allocator must do it (nothing changed). malloc: a block of size's rounded size on stream s. */
 int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr);
+/* *trim, when it returns 0: what the caller gives back of the calling thread's cache before its
+ * free (vmm_tc_trim_self): 0 nothing, a block size for that bin (it was full, or the cache), or
+ * SIZE_MAX for every bin (the cache holds more than a cap that fell). */
 int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim);
 /* Allocator lock held: fold every cache's stats deltas (stats readers), or the calling thread's
  * own (before its slow path changes the counters, which keeps its peaks exact). */

@@ -225,8 +225,9 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim)
     sr->bk.in_path = 1; /* pool.c counts and recycles records in this lane's books */
     sr->bk.dirty = 1;
     /* the full bin first, as the allocator's free does: the older half of this lane's blocks in
-     * it; a bin holding only other lanes' blocks is the allocator's to trim. A block a thread
-     * cache holds is not taken (freed already: vmm_free says so). */
+     * it; a bin holding only other lanes' blocks is the allocator's to trim, as is every bin
+     * (trim SIZE_MAX: vmm_tc_trim_lane declines it). A block a thread cache holds is not taken
+     * (freed already: vmm_free says so). */
     unsigned seen = atomic_load_explicit(&sl.tc_owner, memory_order_relaxed);
     if (lane_usable(a) && b->state == VMM_BLOCK_ALLOCATED && !b->n_uses && !b->grouped &&
         (!trim || vmm_tc_trim_lane(a, trim, sr->key)) && vmm_tc_take_live(a, (uintptr_t)ptr, b, seen)) {

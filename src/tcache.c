@@ -519,19 +519,21 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
         return 0;
     }
     tc_bin *bin = &tc->bins[cls - 1];
-    size_t size = (size_t)cls * TC_STEP;
+    size_t size = (size_t)cls * TC_STEP, cap = atomic_load_explicit(&T->cap, memory_order_relaxed);
     int keep = 0;
     if (VMM_UNLIKELY(!cache_still_on(a))) {
         keep = -1;
     } else if (owner == tc->num && bin_holds(bin, sl->addr)) {
         keep = -1; /* freed twice: the allocator says so */
-    } else if (bin->n == TC_BIN_CAP ||
-               tc->bytes + size > atomic_load_explicit(&a->tcs->cap, memory_order_relaxed)) {
+    } else if (bin->n == TC_BIN_CAP || tc->bytes + size > cap) {
         /* full: the allocator frees this one, and the caller has the cache give back the older
          * half of this bin in the same lock pass (of this bin only when bytes ran out too: halving
          * every bin emptied the bins of sizes the thread still uses, ~25% more misses on the
-         * ring pattern) */
-        *trim = size;
+         * ring pattern). A cache holding more than its cap by itself (keeping never passes it:
+         * the cap fell with the small pool, cap_follow) gives back the older half of every bin
+         * (SIZE_MAX), or frees of sizes whose bins are empty would pass it until the thread
+         * happened to use those it holds. */
+        *trim = tc->bytes > cap ? SIZE_MAX : size;
         tc->n[TC_PASSED]++;
         mark_dirty(tc);
     } else {

@@ -199,6 +199,47 @@ static void test_cap_follows_pool(void)
     vmm_destroy(a);
 }
 
+/* The cap falls with the small pool: a cache left holding more than it gives back the older half
+ * of every bin at its next frees, not only of the bins it frees into (frees of sizes it holds
+ * none of would pass it until the thread used those it holds). */
+static void test_cap_falls(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create("driver:sim,sim_capacity:8G,sim_backed:false,thread_cache:1M", &a));
+    enum { M = 17000 }; /* 17000 x 64 KiB: the cap is 2 MiB (test_cap_follows_pool) */
+    void **p = calloc(M, sizeof *p);
+    CHECK(p != NULL);
+    for (int i = 0; i < M; i++)
+        CHECK_OK(vmm_malloc(a, 64 << 10, NULL, &p[i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.cap_bytes") == 2 << 20);
+    /* 16 blocks of 20, 24, 28 and 32 KiB (1.625 MiB) kept */
+    void *q[4][16];
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 16; i++)
+            CHECK_OK(vmm_malloc(a, (size_t)(20 + 4 * k) << 10, NULL, &q[k][i]));
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 16; i++)
+            CHECK_OK(vmm_free(a, q[k][i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == 1664 << 10);
+    /* the pool falls, and the cap with it; these frees go to the 64 KiB bin only */
+    for (int i = 0; i < M; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    CHECK(vmm_test_json_num(a, "thread_caches.cap_bytes") == 1 << 20);
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") <= 1 << 20);
+    /* and a size it held none of is kept again */
+    void *r = NULL;
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &r));
+    long long before = vmm_test_json_num(a, "thread_caches.bytes");
+    CHECK_OK(vmm_free(a, r));
+    CHECK(vmm_test_json_num(a, "thread_caches.bytes") == before + 4096);
+    CHECK_OK(vmm_empty_cache(a));
+    vmm_stats st = vmm_test_stats(a);
+    CHECK(st.allocated_bytes[VMM_POOL_ALL].current == 0);
+    CHECK_OK(vmm_check(a));
+    free(p);
+    vmm_destroy(a);
+}
+
 /* Another thread's cache: a pointer it holds is freed already here too; one it handed out again
  * (its slot still names that cache) is freed here, by the allocator. */
 static vmm_allocator *XA;
@@ -620,6 +661,7 @@ int main(void)
     test_racing_double_free(CONF);
     test_racing_double_free("driver:sim,sim_capacity:1G,sim_backed:false,lanes:false");
     test_cap_follows_pool();
+    test_cap_falls();
     test_streams_and_uses();
     test_history_turns_off();
     test_threads();
