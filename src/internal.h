@@ -569,6 +569,10 @@ void vmm_live_slot_take(vmm_allocator *a, size_t shard, vmm_live_slot *sl);
 /* A thread cache hands the block at addr out again for `requested` bytes (its cache's lock held):
  * block record and slot. */
 void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested);
+/* A cached block moves between a thread's cache and the depot (tcache.c; both caches' locks held,
+ * no shard's): its slot names cache `owner` (0: none), and with requested > 0 it is handed out
+ * for that many bytes (record and slot). */
+void vmm_live_set_owner(vmm_allocator *a, uintptr_t addr, unsigned owner, size_t requested);
 /* vmm_check: NULL when b's slot agrees with b (no thread cache holding anything), else what not. */
 const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b);
 /* Blocks in the live table (thread-cached ones too; allocator lock held). */

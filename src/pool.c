@@ -884,6 +884,20 @@ void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested)
     vmm_live_slot_unlock(a, s);
 }
 
+void vmm_live_set_owner(vmm_allocator *a, uintptr_t addr, unsigned owner, size_t requested)
+{
+    size_t s;
+    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &s);
+    if (VMM_UNLIKELY(!sl))
+        abort(); /* a cached block is live by construction: the table is corrupt */
+    atomic_store_explicit(&sl->tc_owner, (uint16_t)owner, memory_order_relaxed);
+    if (requested) {
+        sl->requested = (uint32_t)requested;
+        sl->blk->requested = requested;
+    }
+    vmm_live_slot_unlock(a, s);
+}
+
 void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b)
 {
     size_t ss[2];

@@ -4,6 +4,7 @@
  * and that threads freeing each other's blocks, exiting, and allocators destroyed under a live
  * thread's cache leave one consistent state and leak nothing. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -238,6 +239,175 @@ static void test_cap_falls(void)
     CHECK_OK(vmm_check(a));
     free(p);
     vmm_destroy(a);
+}
+
+/* The depot: one thread allocates, another frees (a producer and a consumer on one stream). The
+ * consumer, once its frees outnumber its mallocs (here 48 frees first), passes the older half of
+ * a full bin to the depot, and the producer's malloc, its own bin empty, takes the depot's blocks
+ * without the allocator or the lane. A block in the depot is freed already for everyone; drains
+ * take it back. */
+enum { DEPOT_N = 33, DEPOT_WARM = 48 };
+static vmm_allocator *DA;
+static vmm_stream DS;
+static void *dp[DEPOT_N], *dwarm[DEPOT_WARM];
+static void *depot_producer(void *arg)
+{
+    int *errors = arg;
+    for (int i = 0; i < DEPOT_WARM; i++) /* 12 each of 8, 12, 16 and 20 KiB */
+        if (vmm_malloc(DA, (size_t)(8 + 4 * (i / 12)) << 10, DS, &dwarm[i]))
+            (*errors)++;
+    for (int i = 0; i < DEPOT_N; i++)
+        if (vmm_malloc(DA, 4096, DS, &dp[i]))
+            (*errors)++;
+    return NULL;
+}
+static void *depot_consumer(void *arg)
+{
+    int *errors = arg;
+    /* first 48 frees that no bin fills with: the thread frees and does not allocate (the first
+     * free makes its cache and goes to the lane, the next 47 are kept) */
+    for (int i = 0; i < DEPOT_WARM; i++)
+        if (vmm_free(DA, dwarm[i]))
+            (*errors)++;
+    for (int i = 0; i < DEPOT_N; i++)
+        if (vmm_free(DA, dp[i]))
+            (*errors)++;
+    /* dp[1] went to the depot with the older half of the first full bin: freed already */
+    if (vmm_free(DA, dp[1]) != VMM_EBADPTR)
+        (*errors)++;
+    return NULL;
+}
+static void run_thread(void *(*fn)(void *), int *errors)
+{
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, fn, errors) == 0);
+    pthread_join(t, NULL);
+}
+
+static void test_depot(void)
+{
+    CHECK_OK(vmm_create(CONF, &DA));
+    CHECK_OK(vmm_sim_stream_create(DA, &DS));
+    void *first = NULL;
+    CHECK_OK(vmm_malloc(DA, 4 << 20, NULL, &first)); /* this thread: the allocator lock */
+    int errors = 0;
+    run_thread(depot_producer, &errors); /* a second thread takes it: lanes open */
+    CHECK_EQ(vmm_test_json_num(DA, "lanes.open"), 1);
+    void *keep[DEPOT_N];
+    for (int i = 0; i < DEPOT_N; i++)
+        keep[i] = dp[i];
+    /* the consumer's 4 KiB frees fill its bin twice, 8 to the depot each time (a third time the
+     * depot's bin is full). Its cache goes back at its exit, the depot stays. */
+    run_thread(depot_consumer, &errors);
+    CHECK_EQ(errors, 0);
+    CHECK_EQ(vmm_test_json_num(DA, "thread_caches.bytes"), 16 * 4096);
+    long long hits = vmm_test_json_num(DA, "thread_caches.malloc_hits");
+    long long lane_mallocs = vmm_test_json_num(DA, "lanes.mallocs");
+    /* the producer again: 16 from the depot, the rest from its lane */
+    run_thread(depot_producer, &errors);
+    CHECK_EQ(errors, 0);
+    CHECK_EQ(vmm_test_json_num(DA, "thread_caches.malloc_hits"), hits + 16);
+    CHECK_EQ(vmm_test_json_num(DA, "lanes.mallocs"), lane_mallocs + DEPOT_WARM + DEPOT_N - 16);
+    CHECK_EQ(vmm_test_json_num(DA, "thread_caches.bytes"), 0);
+    /* the depot had the older half of the bin each time it was full: dp[0..7], then dp[8..15];
+     * a malloc takes the newest */
+    for (int j = 0; j < 16; j++)
+        CHECK(dp[j] == keep[15 - j]);
+    for (int i = 0; i < DEPOT_N; i++)
+        CHECK_OK(vmm_free(DA, dp[i])); /* this thread: their slots name no cache */
+    for (int i = 0; i < DEPOT_WARM; i++)
+        CHECK_OK(vmm_free(DA, dwarm[i]));
+    CHECK_OK(vmm_free(DA, first));
+    CHECK_OK(vmm_empty_cache(DA));
+    CHECK_EQ(vmm_test_json_num(DA, "thread_caches.bytes"), 0);
+    vmm_stats st = vmm_test_stats(DA);
+    CHECK_EQ(st.allocated_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.allocation[VMM_POOL_ALL].current, 0);
+    CHECK_OK(vmm_check(DA));
+    CHECK_OK(vmm_sim_stream_destroy(DA, DS));
+    vmm_destroy(DA);
+}
+
+/* The depot under load: a producer and a consumer at once, through a ring of pointers. No block
+ * is handed out while it is in flight (the set of pointers between malloc and free), then one
+ * consistent state and nothing held (thread sanitizer: the locks). */
+enum { HANDOFF_N = 8000, HANDOFF_Q = 256 };
+static void *hq[HANDOFF_Q];
+static _Atomic size_t hq_head, hq_tail;
+static pthread_mutex_t hs_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *hs[2 * HANDOFF_Q];
+/* p into the in-flight set (add) or out of it; 0 when it was already in (add) or not (remove) */
+static int inflight(void *p, int add)
+{
+    pthread_mutex_lock(&hs_mu);
+    int at = -1, free_at = -1;
+    for (int i = 0; i < 2 * HANDOFF_Q; i++) {
+        if (hs[i] == p)
+            at = i;
+        else if (!hs[i] && free_at < 0)
+            free_at = i;
+    }
+    int ok = add ? at < 0 && free_at >= 0 : at >= 0;
+    if (ok)
+        hs[add ? free_at : at] = add ? p : NULL;
+    pthread_mutex_unlock(&hs_mu);
+    return ok;
+}
+static void *handoff_producer(void *arg)
+{
+    int *errors = arg;
+    static const size_t sizes[5] = {512, 4096, 1536, 24 << 10, 64 << 10};
+    for (size_t i = 0; i < HANDOFF_N; i++) {
+        void *p = NULL;
+        if (vmm_malloc(DA, sizes[i % 5], DS, &p) || !inflight(p, 1)) {
+            (*errors)++;
+            p = NULL;
+        }
+        while (i - atomic_load_explicit(&hq_tail, memory_order_acquire) >= HANDOFF_Q)
+            sched_yield(); /* 2 cores, sanitizers: let the other one run */
+        hq[i % HANDOFF_Q] = p;
+        atomic_store_explicit(&hq_head, i + 1, memory_order_release);
+    }
+    return NULL;
+}
+static void *handoff_consumer(void *arg)
+{
+    int *errors = arg;
+    for (size_t i = 0; i < HANDOFF_N; i++) {
+        while (atomic_load_explicit(&hq_head, memory_order_acquire) <= i)
+            sched_yield();
+        void *p = hq[i % HANDOFF_Q];
+        atomic_store_explicit(&hq_tail, i + 1, memory_order_release);
+        if (p && (!inflight(p, 0) || vmm_free(DA, p)))
+            (*errors)++;
+    }
+    return NULL;
+}
+
+static void test_depot_handoff(void)
+{
+    CHECK_OK(vmm_create(CONF, &DA));
+    CHECK_OK(vmm_sim_stream_create(DA, &DS));
+    int errors[2] = {0, 0};
+    for (int round = 0; round < 2; round++) {
+        atomic_store(&hq_head, 0);
+        atomic_store(&hq_tail, 0);
+        pthread_t p, c;
+        CHECK(pthread_create(&p, NULL, handoff_producer, &errors[0]) == 0);
+        CHECK(pthread_create(&c, NULL, handoff_consumer, &errors[1]) == 0);
+        pthread_join(p, NULL);
+        pthread_join(c, NULL);
+    }
+    CHECK_EQ(errors[0] + errors[1], 0);
+    CHECK_EQ(vmm_test_json_num(DA, "lanes.open"), 1);
+    CHECK(vmm_test_json_num(DA, "thread_caches.malloc_hits") > 0); /* the depot's */
+    CHECK_OK(vmm_check(DA));
+    vmm_stats st = vmm_test_stats(DA);
+    CHECK_EQ(st.allocated_bytes[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(st.allocation[VMM_POOL_ALL].current, 0);
+    CHECK_EQ(vmm_test_json_num(DA, "thread_caches.bytes"), 0);
+    CHECK_OK(vmm_sim_stream_destroy(DA, DS));
+    vmm_destroy(DA);
 }
 
 /* Another thread's cache: a pointer it holds is freed already here too; one it handed out again
@@ -662,6 +832,8 @@ int main(void)
     test_racing_double_free("driver:sim,sim_capacity:1G,sim_backed:false,lanes:false");
     test_cap_follows_pool();
     test_cap_falls();
+    test_depot();
+    test_depot_handoff();
     test_streams_and_uses();
     test_history_turns_off();
     test_threads();
