@@ -37,6 +37,12 @@ void *bench_xmalloc(size_t n);
 /* The number of key in a's vmm_stats_json, or `missing` when the key or the JSON is not there. */
 long long bench_json_num(vmm_allocator *a, const char *key, long long missing);
 void *bench_xrealloc(void *p, size_t n);
+/* n sizes log-uniform in [lo, hi), rounded up to 512 B, from a splitmix64 seeded with 42: the
+ * latency bench's ring and mixed patterns, and the handoff bench's sizes. */
+void bench_log_sizes(size_t *sizes, int n, double lo, double hi);
+/* glibc's own malloc and free, looked up in libc.so.6 (the program links jemalloc, which replaces
+ * malloc). 0, or -1 when they cannot be found. */
+int bench_glibc(void *(**malloc_fn)(size_t), void (**free_fn)(void *));
 
 /* ---- trace.c --------------------------------------------------------------------------------- */
 /* Pool events (capture segments): vmm_pool_begin / vmm_pool_end / vmm_pool_release of the private
@@ -166,5 +172,10 @@ int bench_ipc(int argc, char **argv);
 /* vmm-bench growth [--quick] [--json]: another thread's malloc + free while one thread grows, with
  * the lock released around mem_create (grow_unlocked:true) and held (false). */
 int bench_growth(int argc, char **argv);
+
+/* ---- handoff.c ------------------------------------------------------------------------------- */
+/* vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]: one thread allocates, another
+ * frees (producer / consumer), vmmalloc with and without the thread caches' depot, glibc, jemalloc. */
+int bench_handoff(int argc, char **argv);
 
 #endif

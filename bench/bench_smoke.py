@@ -296,6 +296,28 @@ def t_growth(bench, wdir, src):
               f"growth: the lock held across creates makes a pair wait for one ({rows[False]['max_us']} us)")
 
 
+
+def t_handoff(bench, wdir, src):
+    p = run([bench, "handoff", "--quick", "--json"])
+    check(p.returncode == 0, f"handoff exit 0: {p.stderr}")
+    rows = {r["allocator"]: r for r in (json.loads(l) for l in p.stdout.splitlines() if l.strip())
+            if r.get("bench") == "handoff"}
+    want = {"vmmalloc", "vmmalloc_no_depot", "glibc", "jemalloc", "queue"}
+    check(set(rows) == want, f"handoff: every allocator reported: {sorted(rows)}")
+    if set(rows) == want:
+        for r in rows.values():
+            check(0 < r["min"] <= r["mpairs_per_s"] <= r["max"], f"handoff: sane row {r}")
+        # with the depot some of the producer's mallocs are cache hits (0.8 with the two threads on
+        # the two cores, 0.3 when they share one: bursts of 1024 frees, more than the depot holds),
+        # without it every one goes to the lane (throughput is not checked: docs/benchmarks.md)
+        check(rows["vmmalloc"]["cache_hits_per_malloc"] > 0.1,
+              f"handoff: depot hits {rows['vmmalloc']['cache_hits_per_malloc']}")
+        check(rows["vmmalloc_no_depot"]["cache_hits_per_malloc"] == 0 and
+              rows["vmmalloc_no_depot"]["lane_mallocs_per_malloc"] > 0.99,
+              f"handoff: without the depot, mallocs on the lane: {rows['vmmalloc_no_depot']}")
+    p = run([bench, "handoff", "--pairs", "0"])
+    check(p.returncode == 2 and "--pairs" in p.stderr, f"handoff --pairs 0: exit 2: {p.returncode} {p.stderr}")
+
 TESTS = {name[2:]: fn for name, fn in globals().items() if name.startswith("t_")}
 
 

@@ -71,18 +71,7 @@ static int ring_passes = BENCH_RING_PASSES;
 static void *(*glibc_malloc)(size_t);
 static void (*glibc_free)(void *);
 
-static int resolve_glibc(void)
-{
-    void *h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-    if (!h)
-        h = dlopen("libc.so.6", RTLD_NOW);
-    if (!h)
-        return -1;
-    /* dlsym on libc's own handle: glibc's malloc, not the jemalloc one the program links. */
-    *(void **)&glibc_malloc = dlsym(h, "malloc");
-    *(void **)&glibc_free = dlsym(h, "free");
-    return glibc_malloc && glibc_free ? 0 : -1;
-}
+static int resolve_glibc(void) { return bench_glibc(&glibc_malloc, &glibc_free); }
 
 typedef struct cell {
     enum kind kind;
@@ -395,19 +384,12 @@ static result run_cell(enum kind k, enum pattern pat, const size_t *sizes, uint6
 
 static void make_sizes(enum pattern p, size_t *sizes)
 {
-    uint64_t rng = 42;
-    for (int i = 0; i < N_SIZES; i++) {
-        if (p == P_SMALL)
-            sizes[i] = SMALL_SIZE;
-        else if (p == P_LARGE)
-            sizes[i] = LARGE_SIZE;
-        else {
-            double lo = p == P_RING ? RING_MIN : MIXED_MIN, hi = p == P_RING ? RING_MAX : MIXED_MAX;
-            double u = (double)(bench_rand(&rng) >> 11) / 9007199254740992.0;
-            double s = exp(log(lo) + u * (log(hi) - log(lo)));
-            sizes[i] = ((size_t)s + 511) / 512 * 512;
-        }
+    if (p == P_RING || p == P_MIXED) {
+        bench_log_sizes(sizes, N_SIZES, p == P_RING ? RING_MIN : MIXED_MIN, p == P_RING ? RING_MAX : MIXED_MAX);
+        return;
     }
+    for (int i = 0; i < N_SIZES; i++)
+        sizes[i] = p == P_SMALL ? SMALL_SIZE : LARGE_SIZE;
 }
 
 /* Index of a live count in lives[], or -1. */

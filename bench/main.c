@@ -12,6 +12,7 @@
  *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
  *   vmm-bench ipc [--conf K:V,...] [--quick] [--json]
  *   vmm-bench growth [--quick] [--json]
+ *   vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]
  *   vmm-bench gen N OUT.csv [--seed S]
  */
 #include <errno.h>
@@ -66,6 +67,8 @@ static void usage(FILE *f)
             "                                    cost of exportable pages and of sharing a block\n"
             "  vmm-bench growth [--quick] [--json]\n"
             "                                    another thread's malloc + free while one thread grows\n"
+            "  vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]\n"
+            "                                    one thread mallocs, another frees (producer / consumer)\n"
             "  vmm-bench gen N OUT.csv [--seed S] write a synthetic trace of N events\n");
 }
 
@@ -630,5 +633,7 @@ int main(int argc, char **argv)
         return bench_ipc(argc - 2, argv + 2);
     if (!strcmp(cmd, "growth"))
         return bench_growth(argc - 2, argv + 2);
+    if (!strcmp(cmd, "handoff"))
+        return bench_handoff(argc - 2, argv + 2);
     return bad_usage("unknown command", cmd);
 }

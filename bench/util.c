@@ -1,5 +1,7 @@
 /* vmm-bench helpers: clock, sizes, formatting, progress bar, random numbers, quantiles. */
 #include <ctype.h>
+#include <dlfcn.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -153,4 +155,27 @@ void *bench_xrealloc(void *p, size_t n)
         exit(BENCH_EXIT_FAIL);
     }
     return q;
+}
+
+void bench_log_sizes(size_t *sizes, int n, double lo, double hi)
+{
+    uint64_t rng = 42;
+    for (int i = 0; i < n; i++) {
+        double u = (double)(bench_rand(&rng) >> 11) / 9007199254740992.0;
+        double s = exp(log(lo) + u * (log(hi) - log(lo)));
+        sizes[i] = ((size_t)s + 511) / 512 * 512;
+    }
+}
+
+int bench_glibc(void *(**malloc_fn)(size_t), void (**free_fn)(void *))
+{
+    void *h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libc.so.6", RTLD_NOW);
+    if (!h)
+        return -1;
+    /* dlsym on libc's own handle: glibc's malloc, not the jemalloc one the program links */
+    *(void **)malloc_fn = dlsym(h, "malloc");
+    *(void **)free_fn = dlsym(h, "free");
+    return *malloc_fn && *free_fn ? 0 : -1;
 }

@@ -140,7 +140,8 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
     if (!rc)
         rc = vmm_ipc_setup(a);
     if (!rc)
-        rc = vmm_tc_setup(a, a->cfg.thread_cache, a->cfg.pow2_divisions[0] <= 1, tc_release);
+        rc = vmm_tc_setup(a, a->cfg.thread_cache, a->cfg.pow2_divisions[0] <= 1, a->cfg.depot,
+                          tc_release);
     if (!rc)
         vmm_lanes_setup(a);
     if (rc) {

@@ -428,6 +428,15 @@ static int f_lanes(const vmm_config *c, char *b, size_t n)
     return snprintf(b, n, "%s", c->lanes ? "true" : "false");
 }
 
+static int p_depot(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->depot);
+}
+static int f_depot(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->depot ? "true" : "false");
+}
+
 static int p_small_page(vmm_config *c, const char *key, token v)
 {
     return parse_pow2_size(key, v, &c->small_page_size);
@@ -646,6 +655,8 @@ static const option_desc options[] = {
      "true: a growth creates its physical handles with the allocator lock released, so other threads' mallocs and frees do not wait for cuMemCreate; false keeps the lock across it (default true)"},
     {"lanes", p_lanes, f_lanes,
      "true: once two threads use the allocator, a cached malloc or free of the small pool takes only its stream's lock (a lane), so threads on their own streams do not queue on the allocator lock; false keeps one lock (default true)"},
+    {"thread_cache_depot", p_depot, f_depot,
+     "true: while lanes are open, a thread that frees more small blocks than it allocates passes its full bins to a depot that other threads' mallocs take from, instead of back to their stream's pool under its lock (producer / consumer threads); false gives them back (default true)"},
     {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
     {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
     {"sim_backed", p_sim_backed, f_sim_backed,
@@ -689,6 +700,7 @@ void vmm_config_defaults(vmm_config *c)
     c->thread_cache = 4 * VMM_MiB;
     c->grow_unlocked = 1;
     c->lanes = 1;
+    c->depot = 1;
     vmm_sim_default_options(&c->sim);
 }
 

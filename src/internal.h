@@ -72,6 +72,7 @@ typedef struct vmm_config {
     size_t thread_cache;                 /* bytes each thread may keep freed for itself; 0 off */
     int grow_unlocked;                   /* 1: growth creates handles unlocked (segment.c) */
     int lanes;                           /* 1: per-stream locks once two threads are seen (lane.c) */
+    int depot;                           /* 1: full bins of freeing threads go to the depot (tcache.c) */
     /* sim */
     vmm_sim_options sim;
 } vmm_config;
@@ -569,9 +570,12 @@ void vmm_live_slot_take(vmm_allocator *a, size_t shard, vmm_live_slot *sl);
 /* A thread cache hands the block at addr out again for `requested` bytes (its cache's lock held):
  * block record and slot. */
 void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested);
-/* A cached block moves between a thread's cache and the depot (tcache.c; both caches' locks held,
- * no shard's): its slot names cache `owner` (0: none), and with requested > 0 it is handed out
- * for that many bytes (record and slot). */
+/* Tests only (NULL otherwise): called by a full bin's move to the depot after a block left the bin
+ * and before its slot names the depot, with both caches' locks held. */
+extern void (*vmm_tc_test_depot_hook)(uintptr_t addr);
+/* A cached block moves between a thread's cache and the depot (tcache.c; the thread's cache's lock
+ * and the depot's held, no shard's): its slot names cache `owner` (0: none), and with
+ * requested > 0 it is handed out for that many bytes (record and slot). */
 void vmm_live_set_owner(vmm_allocator *a, uintptr_t addr, unsigned owner, size_t requested);
 /* vmm_check: NULL when b's slot agrees with b (no thread cache holding anything), else what not. */
 const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b);
@@ -798,8 +802,9 @@ typedef struct vmm_tc_state vmm_tc_state;
  * structural part of a free, no stats (the cache's delta counted it). alloc.c's. */
 typedef void (*vmm_tc_release_fn)(vmm_allocator *a, vmm_block *b);
 /* vmm_create: caches of at most cap_bytes (0: off); simple_round: sizes up to 64 KiB round to
- * 512 B steps. VMM_EHOSTMEM. */
-int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_release_fn release);
+ * 512 B steps; depot: full bins of freeing threads may go to the depot. VMM_EHOSTMEM. */
+int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot,
+                 vmm_tc_release_fn release);
 /* vmm_destroy: first (no lock held) unregister, so exiting threads leave a alone; then (lock
  * held) give back every cache's blocks and free the caches. */
 void vmm_tc_unregister(vmm_allocator *a);

@@ -20,7 +20,7 @@
  * malloc writes the slot only when its size differs from the requested bytes the slot has.
  *
  * Locks, in order: the registry mutex (thread exit, cache creation, vmm_destroy), the allocator
- * lock (or a lane's), a cache's lock, a live shard's lock. A fast path takes its cache's lock and
+ * lock (or a lane's), a cache's lock, the depot's lock (below), a live shard's lock. A fast path takes its cache's lock and
  * one live shard's; it never takes the allocator lock while holding its cache's. A free takes the
  * shard's lock first and only tries its cache's (busy: the allocator does the free).
  *
@@ -85,6 +85,8 @@ struct vmm_tcache {
     _Atomic int dirty;                  /* deltas not folded yet (relaxed: the owner peeks) */
     tc_delta d[TC_NSTATS];
     uint64_t n[TC_NCOUNTS];             /* since the last fold */
+    uint64_t past_kept, past_hits;      /* frees kept and mallocs served before it, halved at
+                                         * each fold (frees_others_blocks) */
     struct vmm_tcache *next;            /* the allocator's list (allocator lock) */
     uint16_t num;                       /* this cache's number (tc_owner in the live table); 0:
                                          * none left, the cache takes no frees */
@@ -200,7 +202,8 @@ static void make_exit_key(void)
 
 static void cache_number(vmm_tc_state *T, vmm_tcache *tc);
 
-int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_release_fn release)
+int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot,
+                 vmm_tc_release_fn release)
 {
     vmm_tc_state *T = aligned_alloc(64, (sizeof *T + 63) / 64 * 64);
     if (!T)
@@ -212,7 +215,7 @@ int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, vmm_tc_re
     T->simple_round = simple_round;
     T->release = release;
     atomic_init(&T->on, cap_bytes > 0);
-    if (cap_bytes) {
+    if (cap_bytes && depot) {
         T->depot = aligned_alloc(64, (sizeof *T->depot + 63) / 64 * 64);
         if (T->depot) {
             memset(T->depot, 0, sizeof *T->depot);
@@ -503,27 +506,31 @@ static inline int bin_find(const tc_bin *bin, vmm_stream s, int oldest)
  * One thread frees what another allocates (a producer and a consumer on one stream): the
  * consumer's bins fill and the producer's stay empty, so without the depot every block went back
  * to its pool under the lane's lock and came out of it again under the same lock, both threads
- * queueing on it (~725 ns a pair on this VM's 2 cores, vmm-bench latency's handoff pattern). A full bin
- * passes its older half to the depot's bin of that size instead, and a malloc whose bin has no
- * block of its stream takes the depot's newest. Only while lanes are open (a second thread was
- * seen): one thread keeps today's give-backs, and the replays stay as tight. The depot holds at
- * most the caches' cap; drains (empty_cache, pause, destroy, OOM) take it as any cache.
+ * queueing on it (~650 ns a pair on this VM's 2 cores, `vmm-bench handoff`). A full bin of a
+ * thread that frees what others allocate (frees_others_blocks) passes its older half to the
+ * depot's bin of that size instead, and a malloc whose bin has no block of its stream takes the
+ * depot's newest. Only while lanes are open (a second thread was seen): a single thread gives
+ * back as before, and the replays stay as tight. The depot holds at most the caches' cap; drains
+ * (empty_cache, pause, destroy, OOM, a growth's) take it as any cache.
  * Locks: a thread's cache, then the depot, then a live shard; never the depot, then a cache. */
+void (*vmm_tc_test_depot_hook)(uintptr_t addr);
+
 static inline int depot_open(const vmm_allocator *a)
 {
     return a->tcs->depot && vmm_lanes_on(a);
 }
 
 /* Whether tc's thread frees what others allocate, by its counts since its last fold (its
- * allocator-lock slow paths and stats readers fold): at least DEPOT_MIN_FREES frees kept, and
- * twice as many as mallocs served. A thread that reuses its blocks (each on its own stream, the
+ * allocator-lock slow paths and stats readers fold) plus half those before: at least
+ * DEPOT_MIN_FREES frees kept, and twice as many as mallocs served. A thread that reuses its blocks (each on its own stream, the
  * ring pattern) keeps its full bins' give-backs on its own lane, which no other thread waits for:
  * through the depot, its blocks crossed a lock and a line both threads write, ~8% fewer pairs a
  * second with two threads (vmm-bench latency, ring). */
 enum { DEPOT_MIN_FREES = 32 };
 static inline int frees_others_blocks(const vmm_tcache *tc)
 {
-    return tc->n[TC_KEPT] >= DEPOT_MIN_FREES && tc->n[TC_KEPT] > 2 * tc->n[TC_HIT];
+    uint64_t kept = tc->n[TC_KEPT] + tc->past_kept, hits = tc->n[TC_HIT] + tc->past_hits;
+    return kept >= DEPOT_MIN_FREES && kept > 2 * hits;
 }
 
 /* The older half of tc's full bin to the depot, as much as the depot has room for (tc's lock
@@ -545,6 +552,8 @@ static void depot_put(vmm_allocator *a, vmm_tcache *tc, tc_bin *bin)
         for (; n; n--) {
             uintptr_t addr;
             tc_entry e = bin_take(tc, bin, 0, &addr); /* the oldest, at the bottom */
+            if (VMM_UNLIKELY(vmm_tc_test_depot_hook != NULL))
+                vmm_tc_test_depot_hook(addr);
             vmm_live_set_owner(a, addr, d->num, 0);
             db->addr[db->n] = addr;
             db->e[db->n++] = e;
@@ -684,14 +693,27 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s)
 {
     vmm_tc_state *T = a->tcs;
-    unsigned owner = atomic_load_explicit(&s->tc_owner, memory_order_relaxed);
-    vmm_tcache *tc = T ? cache_numbered(T, owner) : NULL;
-    if (!tc || !bin_sized(s->blk->size))
+    if (!T || !bin_sized(s->blk->size))
         return 0;
-    vmm_mutex_lock(&tc->lock);
-    int held = bin_holds(bin_of_size(tc, s->blk->size), s->addr);
-    vmm_mutex_unlock(&tc->lock);
-    return held;
+    for (;;) {
+        unsigned owner = atomic_load_explicit(&s->tc_owner, memory_order_relaxed);
+        vmm_tcache *tc = cache_numbered(T, owner);
+        if (!tc)
+            return 0;
+        vmm_mutex_lock(&tc->lock);
+        /* A block leaves a cache only under that cache's lock, and its slot names its next holder
+         * before the lock goes: named still, it is in this bin or in none. Renamed while this
+         * thread waited (a full bin's half on its way to the depot, out of the bin already), the
+         * new holder is asked: without this, a freed block in transit passed for live, and a
+         * record_stream on it went out with the depot's next malloc (found in review). */
+        if (atomic_load_explicit(&s->tc_owner, memory_order_relaxed) != owner) {
+            vmm_mutex_unlock(&tc->lock);
+            continue;
+        }
+        int held = bin_holds(bin_of_size(tc, s->blk->size), s->addr);
+        vmm_mutex_unlock(&tc->lock);
+        return held;
+    }
 }
 
 int vmm_tc_take_live(vmm_allocator *a, uintptr_t addr, const vmm_block *b, unsigned hint)
@@ -781,6 +803,9 @@ static void fold_locked(vmm_allocator *a, vmm_tcache *tc)
                 before_all[TC_BYTES] + tc->d[TC_BYTES].max_net + pend_b);
     for (int k = 0; k < TC_NCOUNTS; k++)
         a->tcs->counts[k] += tc->n[k];
+    /* a stats reader folds every cache: the depot's test still sees what came before */
+    tc->past_kept = (tc->past_kept + tc->n[TC_KEPT]) / 2;
+    tc->past_hits = (tc->past_hits + tc->n[TC_HIT]) / 2;
     memset(tc->d, 0, sizeof tc->d);
     memset(tc->n, 0, sizeof tc->n);
     atomic_store_explicit(&tc->dirty, 0, memory_order_relaxed);

@@ -35,12 +35,16 @@ int main(void)
     CHECK_EQ(c.sim.granularity, 2 * VMM_MiB);
     CHECK_EQ(c.grow_unlocked, 1);
     CHECK_EQ(c.lanes, 1);
+    CHECK_EQ(c.depot, 1);
     {
         vmm_config g;
         vmm_config_defaults(&g);
         CHECK_OK(vmm_config_parse(&g, "lanes:false"));
         CHECK_EQ(g.lanes, 0);
         expect_config_error("lanes:2", "lanes");
+        CHECK_OK(vmm_config_parse(&g, "thread_cache_depot:false"));
+        CHECK_EQ(g.depot, 0);
+        expect_config_error("thread_cache_depot:maybe", "thread_cache_depot");
     }
     {
         vmm_config g;
