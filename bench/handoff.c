@@ -263,7 +263,10 @@ int bench_handoff(int argc, char **argv)
                 snprintf(h, sizeof h, "%.2f", hits);
                 snprintf(l, sizeof l, "%.2f", lane);
             }
-            printf("%-36s %9.2f %15s %11.1f %13s %12s\n", kind_name[k], med[k], range, 1e3 / med[k], h, l);
+            if (hits >= 0)
+                printf("%-36s %9.2f %15s %11.1f %13s %12s\n", kind_name[k], med[k], range, 1e3 / med[k], h, l);
+            else
+                printf("%-36s %9.2f %15s %11.1f\n", kind_name[k], med[k], range, 1e3 / med[k]);
         }
     }
     if (!rc && !json) {
