@@ -262,14 +262,18 @@ static void *depot_producer(void *arg)
             (*errors)++;
     return NULL;
 }
-static void *depot_consumer(void *arg)
+/* 48 frees that no bin fills with: the thread frees and does not allocate (the first free makes
+ * its cache and goes to the lane, the next 47 are kept) */
+static void free_warm(int *errors)
 {
-    int *errors = arg;
-    /* first 48 frees that no bin fills with: the thread frees and does not allocate (the first
-     * free makes its cache and goes to the lane, the next 47 are kept) */
     for (int i = 0; i < DEPOT_WARM; i++)
         if (vmm_free(DA, dwarm[i]))
             (*errors)++;
+}
+static void *depot_consumer(void *arg)
+{
+    int *errors = arg;
+    free_warm(errors);
     for (int i = 0; i < DEPOT_N; i++)
         if (vmm_free(DA, dp[i]))
             (*errors)++;
@@ -360,9 +364,7 @@ static void *depot_prober(void *arg)
 static void *depot_consumer_probed(void *arg)
 {
     int *errors = arg;
-    for (int i = 0; i < DEPOT_WARM; i++)
-        if (vmm_free(DA, dwarm[i]))
-            (*errors)++;
+    free_warm(errors);
     atomic_store(&probe_addr, (uintptr_t)dp[0]);
     for (int i = 0; i < 16; i++) {
         if (i == 15)
