@@ -20,9 +20,10 @@
  * malloc writes the slot only when its size differs from the requested bytes the slot has.
  *
  * Locks, in order: the registry mutex (thread exit, cache creation, vmm_destroy), the allocator
- * lock (or a lane's), a cache's lock, the depot's lock (below), a live shard's lock. A fast path takes its cache's lock and
- * one live shard's; it never takes the allocator lock while holding its cache's. A free takes the
- * shard's lock first and only tries its cache's (busy: the allocator does the free).
+ * lock (or a lane's), a cache's lock, the depot's lock (below), a live shard's lock. A fast path
+ * takes its cache's lock and one live shard's; it never takes the allocator lock while holding its
+ * cache's. A free takes the shard's lock first and only tries its cache's (busy: the allocator does
+ * the free).
  *
  * Peaks: a thread's fast paths cannot see what other threads' caches hold, so with several
  * threads the peaks of allocation / allocated_bytes / requested_bytes / active may be off by the
@@ -522,10 +523,10 @@ static inline int depot_open(const vmm_allocator *a)
 
 /* Whether tc's thread frees what others allocate, by its counts since its last fold (its
  * allocator-lock slow paths and stats readers fold) plus half those before: at least
- * DEPOT_MIN_FREES frees kept, and twice as many as mallocs served. A thread that reuses its blocks (each on its own stream, the
- * ring pattern) keeps its full bins' give-backs on its own lane, which no other thread waits for:
- * through the depot, its blocks crossed a lock and a line both threads write, ~8% fewer pairs a
- * second with two threads (vmm-bench latency, ring). */
+ * DEPOT_MIN_FREES frees kept, and twice as many as mallocs served. A thread that reuses its
+ * blocks (each on its own stream, the ring pattern) keeps its full bins' give-backs on its own
+ * lane, which no other thread waits for: through the depot, its blocks crossed a lock and a line
+ * both threads write, ~8% fewer pairs a second with two threads (vmm-bench latency, ring). */
 enum { DEPOT_MIN_FREES = 32 };
 static inline int frees_others_blocks(const vmm_tcache *tc)
 {
