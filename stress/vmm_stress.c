@@ -69,6 +69,7 @@ typedef struct options {
     double captures;        /* probability that an op is a graph op (capture, replay, destroy) */
     uint64_t sleep_every;   /* --sleep-every N: a sleep / wake cycle every N phase boundaries */
     int map_callbacks;      /* --map-callbacks: a mapping callbacks' map checked at every phase */
+    int producer_consumer;  /* --producer-consumer: even threads allocate, odd ones free theirs */
 } options;
 
 static options opt = {
@@ -1041,14 +1042,15 @@ static void op_empty_cache(run_t *R)
         violation("vmm_empty_cache failed: %s (%s)", vmm_status_name(rc), vmm_last_error());
 }
 
-/* Give a live block to the exchange, or free one from it: frees from a thread that did not allocate. */
-static void op_exchange(run_t *R, thread_state *t)
+/* Give a live block to the exchange, or free one from it: frees from a thread that did not
+ * allocate. give: 1 give only, 0 take only, -1 either (a coin). */
+static void exchange(run_t *R, thread_state *t, int give)
 {
     block *b = NULL;
     pthread_mutex_lock(&R->xchg_mu);
-    if (R->nxchg && rng_below(&t->r, 2)) {
+    if (R->nxchg && give != 1 && (give == 0 || rng_below(&t->r, 2))) {
         b = R->xchg[--R->nxchg];
-    } else if (t->nlive) {
+    } else if (t->nlive && give != 0) {
         if (R->nxchg == R->xchg_cap) {
             size_t ncap = R->xchg_cap ? 2 * R->xchg_cap : 64;
             block **n = realloc(R->xchg, ncap * sizeof *n);
@@ -1069,6 +1071,28 @@ static void op_exchange(run_t *R, thread_state *t)
     }
 }
 
+static void op_exchange(run_t *R, thread_state *t) { exchange(R, t, -1); }
+
+/* --producer-consumer: even threads malloc and give their blocks to the exchange, odd threads
+ * mostly free what it holds (the thread caches' depot, src/tcache.c: the freeing thread's full
+ * bins go to the allocating threads) and malloc and free a few of their own, as a backward thread
+ * does (a thread that never mallocs does not open the lanes, and without lanes no depot). Checks
+ * and empty_cache as in the usual mix, rarely. */
+static void producer_consumer_op(run_t *R, thread_state *t)
+{
+    uint64_t k = rng_below(&t->r, 1000);
+    if (k >= 998)
+        op_empty_cache(R);
+    else if (t->index % 2 == 0)
+        k < 550 || !t->nlive ? op_malloc(R, t) : exchange(R, t, 1);
+    else if (k < 50)
+        op_malloc(R, t);
+    else if (k < 100 && t->nlive)
+        op_free(R, t);
+    else
+        exchange(R, t, 0);
+}
+
 static void op_zero(run_t *R)
 {
     void *p = (void *)1;
@@ -1082,6 +1106,11 @@ static void one_op(run_t *R, thread_state *t)
 {
     if (opt.captures > 0 && rng_unit(&t->r) < opt.captures) {
         op_graph(R, t);
+        atomic_fetch_add(&R->c.ops, 1);
+        return;
+    }
+    if (opt.producer_consumer) {
+        producer_consumer_op(R, t);
         atomic_fetch_add(&R->c.ops, 1);
         return;
     }
@@ -1786,6 +1815,8 @@ static void usage(FILE *f)
             "                      them in two stages; blocks are tagged per phase (see docs/stress.md)\n"
             "  --map-callbacks     mapping callbacks keep a map of pages, checked against the allocator's\n"
             "                      at every phase boundary\n"
+            "  --producer-consumer even threads malloc and give their blocks away, odd threads free them\n"
+            "                      (the thread caches' depot; see docs/stress.md)\n"
             "  --captures P        with probability P an op captures a CUDA graph into a private pool,\n"
             "                      replays one or destroys one (sim only; see docs/stress.md)\n"
             "  --plant-bug skip-record-stream\n"
@@ -1817,6 +1848,8 @@ static void build_repro(char **argv)
         n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --sleep-every %" PRIu64, opt.sleep_every);
     if (opt.map_callbacks && n < sizeof repro_cmd)
         n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --map-callbacks");
+    if (opt.producer_consumer && n < sizeof repro_cmd)
+        n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --producer-consumer");
     if (opt.compare && n < sizeof repro_cmd)
         n += (size_t)snprintf(repro_cmd + n, sizeof repro_cmd - n, " --compare");
     if (opt.conf[0] && n < sizeof repro_cmd)
@@ -1844,6 +1877,8 @@ static int parse_args(int argc, char **argv)
             opt.quiet = 1, used = 0;
         } else if (!strcmp(a, "--map-callbacks")) {
             opt.map_callbacks = 1, used = 0;
+        } else if (!strcmp(a, "--producer-consumer")) {
+            opt.producer_consumer = 1, used = 0;
         } else if (!v) {
             bad = 1;
         } else if (!strcmp(a, "--seed")) {
