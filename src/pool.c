@@ -873,28 +873,35 @@ vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy
     return found;
 }
 
+/* The slot of a thread-cached block at addr, its shard's lock held (released by the caller). */
+static vmm_live_slot *cached_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
+{
+    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, shard);
+    if (VMM_UNLIKELY(!sl))
+        abort(); /* a cached block is live by construction: the table is corrupt */
+    return sl;
+}
+
+static void slot_set_requested(vmm_live_slot *sl, size_t requested)
+{
+    sl->requested = (uint32_t)requested;
+    sl->blk->requested = requested;
+}
+
 void vmm_live_set_requested(vmm_allocator *a, uintptr_t addr, size_t requested)
 {
     size_t s;
-    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &s);
-    if (VMM_UNLIKELY(!sl))
-        abort(); /* a cached block is live by construction: the table is corrupt */
-    sl->requested = (uint32_t)requested;
-    sl->blk->requested = requested;
+    slot_set_requested(cached_slot_lock(a, addr, &s), requested);
     vmm_live_slot_unlock(a, s);
 }
 
 void vmm_live_set_owner(vmm_allocator *a, uintptr_t addr, unsigned owner, size_t requested)
 {
     size_t s;
-    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &s);
-    if (VMM_UNLIKELY(!sl))
-        abort(); /* a cached block is live by construction: the table is corrupt */
+    vmm_live_slot *sl = cached_slot_lock(a, addr, &s);
     atomic_store_explicit(&sl->tc_owner, (uint16_t)owner, memory_order_relaxed);
-    if (requested) {
-        sl->requested = (uint32_t)requested;
-        sl->blk->requested = requested;
-    }
+    if (requested)
+        slot_set_requested(sl, requested);
     vmm_live_slot_unlock(a, s);
 }
 

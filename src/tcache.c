@@ -82,7 +82,6 @@ struct vmm_tcache {
     _Alignas(64) _Atomic int lock;
     vmm_allocator *a;
     size_t bytes;                       /* bytes of the blocks held */
-    int is_depot;                       /* the allocator's depot (depot_put), not a thread's */
     _Atomic int dirty;                  /* deltas not folded yet (relaxed: the owner peeks) */
     tc_delta d[TC_NSTATS];
     uint64_t n[TC_NCOUNTS];             /* since the last fold */
@@ -221,7 +220,6 @@ int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot
         if (T->depot) {
             memset(T->depot, 0, sizeof *T->depot);
             T->depot->a = a;
-            T->depot->is_depot = 1;
             cache_number(T, T->depot); /* no other thread knows a yet */
             if (!T->depot->num) {
                 free(T->depot);
@@ -463,7 +461,7 @@ static size_t bin_give(vmm_allocator *a, vmm_tcache *tc, tc_bin *bin, uint32_t k
 {
     uintptr_t addr;
     tc_entry e = bin_take(tc, bin, k, &addr);
-    if (tc->is_depot)
+    if (tc == a->tcs->depot)
         held_add(tc, -1);
     a->tcs->release(a, e.b);
     return bin_size(tc, bin);
