@@ -151,11 +151,9 @@ static run *open_run(enum kind k, const char *conf_extra, const size_t *sizes, u
         char conf[512];
         snprintf(conf, sizeof conf, "driver:sim,sim_backed:false,sim_capacity:16G,thread_cache_depot:%s%s%s",
                  k == K_DEPOT ? "true" : "false", conf_extra ? "," : "", conf_extra ? conf_extra : "");
-        void *first = NULL;
-        /* this thread mallocs first, so that P's malloc, a second thread's, opens the lanes (a
-         * thread that only frees does not; a new thread may reuse an exited one's identity) */
-        if (vmm_create(conf, &r->a) != VMM_OK || vmm_sim_stream_create(r->a, &r->s) != VMM_OK ||
-            vmm_malloc(r->a, 4096, r->s, &first) != VMM_OK || vmm_free(r->a, first) != VMM_OK) {
+        /* the warm-up opens the lanes: C's first free that its cache passes on, a second
+         * thread's under the allocator lock */
+        if (vmm_create(conf, &r->a) != VMM_OK || vmm_sim_stream_create(r->a, &r->s) != VMM_OK) {
             fprintf(stderr, "vmm-bench handoff: %s\n", vmm_last_error());
             free(r);
             return NULL;

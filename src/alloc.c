@@ -517,6 +517,7 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
     if (VMM_UNLIKELY(vmm_lanes_on(a)) && vmm_lane_free(a, ptr, trim))
         return VMM_OK;
     vmm_lock(a);
+    vmm_lanes_update(a); /* a second thread frees (a consumer): lanes, as for a malloc */
     vmm_tc_fold_self(a);
     if (trim)
         vmm_tc_trim_self(a, trim); /* the cache was full: room for the frees to come */

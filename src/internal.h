@@ -410,7 +410,7 @@ struct vmm_allocator {
                                         * lane's, small-pool counters go to lanes' books */
     uint64_t lane_counts[2];           /* folded lane-path mallocs and frees (stats JSON) */
     uintptr_t lock_owner;              /* lane.c: the thread (vmm_thread_id) that last took the allocator lock to
-                                        * malloc, until lanes open (a second thread opens them) */
+                                        * malloc or free, until lanes open (a second thread opens them) */
     int lanes_watch;                   /* lanes may still open (vmm_lanes_update) */
     int lanes_let_go;                  /* vmm_lanes_yield's depth: nested yields are no-ops */
     int shards_locked;                 /* live shards of the large pool take their locks too: set
@@ -949,7 +949,7 @@ void vmm_lanes_lock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 void vmm_lanes_unlock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 /* vmm_create, configuration loaded: whether lanes may open. */
 void vmm_lanes_setup(vmm_allocator *a);
-/* Allocator lock held (malloc): open the lanes once a second thread mallocs; close them for good
+/* Allocator lock held (malloc, free): open the lanes once a second thread mallocs or frees; close them for good
  * once thread caches are off for good (no lane path could run: the allocator lock stops taking
  * their locks). No-op otherwise: inline for one thread's malloc, which makes it every time. */
 void vmm_lanes_update_slow(vmm_allocator *a);

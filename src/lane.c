@@ -3,8 +3,10 @@
  * whenever their thread caches missed).
  *
  * A lane is a stream record (events.c) together with the index of its segments' free blocks
- * (pool.c). Until a second thread mallocs under the allocator lock the lanes stay closed and
- * nothing changes: one allocator lock guards everything. Once open:
+ * (pool.c). Until a second thread mallocs or frees under the allocator lock the lanes stay closed
+ * and nothing changes: one allocator lock guards everything. A thread that only frees counts: a
+ * consumer freeing what a producer allocates would otherwise queue both on the allocator lock for
+ * good, with no depot (tcache.c). Once open:
  *
  * - vmm_lock takes the allocator lock and then every lane's lock, so whatever runs under it sees
  *   one state, exactly as before lanes;

@@ -312,6 +312,35 @@ static void test_one_thread_after_open(void)
     vmm_destroy(a);
 }
 
+static void *free_main(void *arg)
+{
+    void **pp = arg;
+    if (vmm_free(pp[0], pp[1]) != VMM_OK) /* over the cache's 64 KiB: the allocator lock */
+        pp[1] = NULL;
+    return NULL;
+}
+
+/* A second thread that only frees opens the lanes too: one thread allocates, another frees what
+ * it got (a producer and a consumer), and the consumer's frees that its cache passes on took the
+ * allocator lock for good, with the producer's misses queued behind them and no depot. */
+static void test_opened_by_a_freeing_thread(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(CONF, &a));
+    void *small = NULL, *args[2] = {a, NULL};
+    CHECK_OK(vmm_malloc(a, 4096, NULL, &small));
+    CHECK_OK(vmm_malloc(a, 512 << 10, NULL, &args[1]));
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 0); /* one thread so far */
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, free_main, args) == 0);
+    pthread_join(t, NULL);
+    CHECK(args[1] != NULL); /* freed */
+    CHECK_EQ(vmm_test_json_num(a, "lanes.open"), 1);
+    CHECK_OK(vmm_free(a, small));
+    check_empty(a);
+    vmm_destroy(a);
+}
+
 /* A lane malloc that finds no fit gives back the older half of this lane's blocks in every bin
  * of the thread's cache and of the depot, and tries again, under the lane's lock alone: only
  * growth needs the allocator lock, which stops every other lane. Stream s's first small page
@@ -669,6 +698,7 @@ int main(void)
     test_rings_large();
     test_lanes_off();
     test_one_thread_after_open();
+    test_opened_by_a_freeing_thread();
     test_lane_trims_cache();
     test_lane_trim_waits_for_deferred();
     test_lanes_step_aside();
