@@ -14,16 +14,20 @@
  * requested bytes) and this thread's cache: at 10^6 live blocks the record is one more cache miss
  * (the ring pattern: ~460 ns a pair with it, ~230 without). It marks the slot with the cache's number
  * (tc_owner), which a malloc from the cache leaves stale: a double free is a slot naming this
- * cache whose bin holds the block; a slot naming another cache sends the free to the allocator,
- * which asks that cache (vmm_tc_holds), and takes the slot out of the table under that cache's
- * lock (vmm_tc_take_live), so that a free racing it into the cache cannot fall between the two. A
- * malloc writes the slot only when its size differs from the requested bytes the slot has.
+ * cache whose bin holds the block. A slot naming another cache: the free tries that cache's lock,
+ * and when its bins do not hold the block, the block is live and this cache keeps it
+ * (named_elsewhere_live); else (busy, or held: a double free) the allocator asks that cache
+ * (vmm_tc_holds) and takes the slot out of the table under that cache's lock (vmm_tc_take_live),
+ * so that a free racing it into the cache cannot fall between the two. Retired caches are kept
+ * for new threads, never freed before vmm_destroy: a free may read a number whose cache retired
+ * meanwhile. A malloc writes the slot only when its size differs from the requested bytes the
+ * slot has.
  *
  * Locks, in order: the registry mutex (thread exit, cache creation, vmm_destroy), the allocator
  * lock (or a lane's), a cache's lock, the depot's lock (below), a live shard's lock. A fast path
  * takes its cache's lock and one live shard's; it never takes the allocator lock while holding its
- * cache's. A free takes the shard's lock first and only tries its cache's (busy: the allocator does
- * the free).
+ * cache's. A free takes the shard's lock first and only tries its cache's, and the cache the slot
+ * names (busy: the allocator does the free).
  *
  * Peaks: a thread's fast paths cannot see what other threads' caches hold, so with several
  * threads the peaks of allocation / allocated_bytes / requested_bytes / active may be off by the
@@ -94,6 +98,14 @@ struct vmm_tcache {
     tc_bin bins[TC_BINS];
 };
 
+/* Cache numbers: the table grows by doubling into a new one, and the old ones stay until
+ * vmm_destroy, so that a free reading one with no lock never reads freed memory. */
+typedef struct num_table {
+    struct num_table *older;
+    size_t cap;
+    _Atomic(vmm_tcache *) c[];
+} num_table;
+
 struct vmm_tc_state {
     /* read by every fast path: this line is written only by vmm_tc_off / pause / resume */
     _Alignas(64) _Atomic int on;        /* fast paths allowed */
@@ -113,8 +125,10 @@ struct vmm_tc_state {
      * take the line above from the other threads' caches */
     _Alignas(64) vmm_tcache *list;      /* every cache */
     size_t n;
-    vmm_tcache **by_num;                /* by_num[k]: the cache numbered k, or NULL */
-    size_t cap_num;
+    num_table *_Atomic nums;            /* nums->c[k]: the cache numbered k, or NULL. Frees
+                                         * read it with no lock (vmm_tc_free) */
+    vmm_tcache *spare;                  /* retired caches, for the next new thread: never freed
+                                         * before vmm_destroy, as a free may be trying its lock */
     uint64_t counts[TC_NCOUNTS];        /* folded counts of every cache */
 };
 
@@ -166,15 +180,22 @@ static void cache_retire(vmm_allocator *a, vmm_tcache *tc)
 {
     vmm_tc_drain_one(a, tc);
     vmm_tc_state *T = a->tcs;
-    if (tc->num)
-        T->by_num[tc->num] = NULL; /* slots naming it find no cache there (or a later one) */
+    if (tc->num) /* slots naming it find no cache there (or a later one) */
+        atomic_store_explicit(&atomic_load_explicit(&T->nums, memory_order_relaxed)->c[tc->num], NULL,
+                              memory_order_release);
     for (vmm_tcache **pp = &T->list; *pp; pp = &(*pp)->next)
         if (*pp == tc) {
             *pp = tc->next;
             T->n--;
             break;
         }
-    free(tc);
+    /* kept, not freed: a free that read its number may be trying its lock (vmm_tc_free), and
+     * finds number 0 under it */
+    vmm_mutex_lock(&tc->lock);
+    tc->num = 0;
+    vmm_mutex_unlock(&tc->lock);
+    tc->next = T->spare;
+    T->spare = tc;
 }
 
 /* Thread exit (arg: the thread's slots): every cache of a live allocator goes back to it. */
@@ -202,6 +223,16 @@ static void make_exit_key(void)
 
 static void cache_number(vmm_tc_state *T, vmm_tcache *tc);
 
+static void nums_free(vmm_tc_state *T)
+{
+    num_table *t = atomic_load_explicit(&T->nums, memory_order_relaxed);
+    while (t) {
+        num_table *older = t->older;
+        free(t);
+        t = older;
+    }
+}
+
 int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot,
                  vmm_tc_release_fn release)
 {
@@ -227,7 +258,7 @@ int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot
             }
         }
         if (!T->depot) {
-            free(T->by_num);
+            nums_free(T);
             free(T);
             return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
         }
@@ -239,7 +270,7 @@ int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot
         if (!nr) {
             pthread_mutex_unlock(&reg_mu);
             free(T->depot);
-            free(T->by_num);
+            nums_free(T);
             free(T);
             return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
         }
@@ -281,11 +312,16 @@ void vmm_tc_destroy(vmm_allocator *a)
         T->list = tc->next;
         free(tc);
     }
+    while (T->spare) {
+        vmm_tcache *tc = T->spare;
+        T->spare = tc->next;
+        free(tc);
+    }
     if (T->depot) {
         vmm_tc_drain_one(a, T->depot);
         free(T->depot);
     }
-    free(T->by_num);
+    nums_free(T);
     free(T);
     a->tcs = NULL;
 }
@@ -294,22 +330,29 @@ void vmm_tc_destroy(vmm_allocator *a)
  * takes no frees. Numbers of retired caches are given again: a slot naming one is a hint only. */
 static void cache_number(vmm_tc_state *T, vmm_tcache *tc)
 {
+    num_table *t = atomic_load_explicit(&T->nums, memory_order_relaxed);
     size_t k = 1;
-    while (k < T->cap_num && T->by_num[k])
+    while (t && k < t->cap && atomic_load_explicit(&t->c[k], memory_order_relaxed))
         k++;
     if (k > TC_MAX_NUM)
         return;
-    if (k >= T->cap_num) {
-        size_t ncap = T->cap_num ? 2 * T->cap_num : 16;
-        vmm_tcache **nb = realloc(T->by_num, ncap * sizeof *nb);
-        if (!nb)
+    if (!t || k >= t->cap) {
+        size_t old = t ? t->cap : 0, ncap = old ? 2 * old : 16;
+        num_table *nt = malloc(sizeof *nt + ncap * sizeof nt->c[0]);
+        if (!nt)
             return;
-        memset(nb + T->cap_num, 0, (ncap - T->cap_num) * sizeof *nb);
-        T->by_num = nb;
-        T->cap_num = ncap;
+        nt->older = t;
+        nt->cap = ncap;
+        for (size_t i = 0; i < ncap; i++)
+            atomic_init(&nt->c[i], i < old ? atomic_load_explicit(&t->c[i], memory_order_relaxed) : NULL);
+        atomic_store_explicit(&T->nums, nt, memory_order_release);
+        t = nt;
     }
-    T->by_num[k] = tc;
+    /* under its lock: a retired cache given again may be under a free's trylock (vmm_tc_free) */
+    vmm_mutex_lock(&tc->lock);
     tc->num = (uint16_t)k;
+    vmm_mutex_unlock(&tc->lock);
+    atomic_store_explicit(&t->c[k], tc, memory_order_release);
 }
 
 /* This thread's cache for a, made on first use; NULL when caches are off or out of memory. Takes
@@ -347,16 +390,28 @@ static vmm_tcache *cache_make(vmm_allocator *a)
         cache_retire(s->a, s->tc);
         vmm_unlock(s->a);
     }
+    vmm_lock(a);
+    vmm_tcache *fresh = NULL, *sp = T->spare;
+    if (sp) {
+        /* a retired cache: cleared under its lock, which a free may be trying (vmm_tc_free) */
+        T->spare = sp->next;
+        vmm_mutex_lock(&sp->lock);
+        memset((char *)sp + offsetof(vmm_tcache, a), 0, sizeof *sp - offsetof(vmm_tcache, a));
+        sp->a = a;
+        vmm_mutex_unlock(&sp->lock);
+        fresh = tc;
+        tc = sp;
+    }
     /* most recent first: move the others down one */
     memmove(&tl_slots[1], &tl_slots[0], (size_t)pick * sizeof tl_slots[0]);
     tl_slots[0] = (tl_slot){a, T->id, tc};
-    vmm_lock(a);
     tc->next = T->list;
     T->list = tc;
     T->n++;
     cache_number(T, tc);
     vmm_unlock(a);
     pthread_mutex_unlock(&reg_mu);
+    free(fresh);
     return tc;
 }
 
@@ -482,11 +537,13 @@ static inline int bin_holds(const tc_bin *bin, uintptr_t addr)
 static inline int bin_sized(size_t size) { return size >= TC_STEP && size <= TC_MAX_SIZE; }
 static inline tc_bin *bin_of_size(vmm_tcache *tc, size_t size) { return &tc->bins[size / TC_STEP - 1]; }
 
-/* The cache numbered k, or NULL (its lock not taken). Allocator lock or a lane's held: by_num
- * changes only under the allocator lock, which holds every lane's. */
-static vmm_tcache *cache_numbered(const vmm_tc_state *T, unsigned k)
+/* The cache numbered k, or NULL (its lock not taken). Numbers change only under the allocator
+ * lock; a reader without it (vmm_tc_free) may get a cache retired or numbered anew since, never
+ * freed memory, and checks the number under the cache's lock. */
+static vmm_tcache *cache_numbered(vmm_tc_state *T, unsigned k)
 {
-    return k && k < T->cap_num ? T->by_num[k] : NULL;
+    num_table *t = atomic_load_explicit(&T->nums, memory_order_acquire);
+    return k && t && k < t->cap ? atomic_load_explicit(&t->c[k], memory_order_acquire) : NULL;
 }
 
 /* Index of the newest (malloc: the warmest) or oldest (give-backs: the coldest) block of lane s
@@ -620,6 +677,25 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
     return 1;
 }
 
+/* Whether the block at addr, whose slot names cache `owner` (another thread's), is not in that
+ * cache: a malloc from a cache leaves the slot naming it, so the blocks one thread allocates from
+ * its cache and another frees (forward and backward threads on one stream) named the first, and
+ * every such free went to the allocator: 37% of mallocs served by the caches instead of 74% with
+ * two threads passing every block to each other (docs/benchmarks.md, "Handoff"). The block's
+ * shard lock held: no other free can cache it meanwhile. That cache's lock is only tried (the
+ * order is cache, then shard); busy, or the depot's (a block in the depot is freed already), 0.
+ * Under the lock its bins are exact, and it is still the cache numbered `owner` (cache_numbered
+ * may return one retired or renumbered since). */
+static int named_elsewhere_live(vmm_tc_state *T, unsigned owner, unsigned cls, uintptr_t addr)
+{
+    vmm_tcache *o = cache_numbered(T, owner);
+    if (!o || o == T->depot || !vmm_mutex_trylock(&o->lock))
+        return 0;
+    int live = o->num == owner && !bin_holds(&o->bins[cls - 1], addr);
+    vmm_mutex_unlock(&o->lock);
+    return live;
+}
+
 int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 {
     *trim = 0;
@@ -639,7 +715,9 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
     unsigned cls = sl->tc_class;
     vmm_tcache *tc = cls ? cache_find(a, T->id) : NULL;
     unsigned owner = atomic_load_explicit(&sl->tc_owner, memory_order_relaxed);
-    if (!tc || !tc->num || (owner && owner != tc->num) ||
+    /* a slot naming another cache: maybe in that cache, when the allocator asks it */
+    if (!tc || !tc->num ||
+        (owner && owner != tc->num && !named_elsewhere_live(T, owner, cls, sl->addr)) ||
         !vmm_mutex_trylock(&tc->lock)) {
         vmm_live_slot_unlock(a, sh);
         if (cls && !tc)

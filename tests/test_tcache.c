@@ -490,7 +490,8 @@ static void test_depot_handoff(void)
 }
 
 /* Another thread's cache: a pointer it holds is freed already here too; one it handed out again
- * (its slot still names that cache) is freed here, by the allocator. */
+ * (its slot still names that cache) is freed here: into this thread's cache while that cache
+ * lives (its bins do not hold it), by the allocator once it is gone. */
 static vmm_allocator *XA;
 static void *xp_cached, *xp_handed;
 
@@ -566,9 +567,14 @@ static void test_slot_other_live_cache(void)
     CHECK(vmm_test_json_num(XA, "thread_caches.bytes") == 1024); /* the worker's cache: xp_cached */
     CHECK(vmm_free(XA, xp_cached) == VMM_EBADPTR);
     CHECK(strstr(vmm_last_error(), "already freed") != NULL);
+    long long kept = vmm_test_json_num(XA, "thread_caches.frees_kept");
     CHECK_OK(vmm_free(XA, xp_handed));
+    /* kept by this thread's cache: the worker's bins do not hold it */
+    CHECK_EQ(vmm_test_json_num(XA, "thread_caches.frees_kept"), kept + 1);
+    CHECK_EQ(vmm_test_json_num(XA, "thread_caches.bytes"), 1024 + 2048);
     CHECK(vmm_free(XA, xp_handed) == VMM_EBADPTR);
-    CHECK(vmm_test_json_num(XA, "thread_caches.bytes") == 1024);
+    CHECK(strstr(vmm_last_error(), "already freed") != NULL);
+    CHECK_EQ(vmm_test_json_num(XA, "thread_caches.bytes"), 1024 + 2048);
     pthread_barrier_wait(&xbar);
     pthread_join(tid, NULL);
     pthread_barrier_destroy(&xbar);
