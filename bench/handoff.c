@@ -10,6 +10,10 @@
  * missed (all of them: P never frees) took the same lock. Compared in one run:
  * vmmalloc with thread_cache_depot true (the default) and false, glibc's malloc/free, jemalloc's
  * mallocx/dallocx, and the ring alone (pointers not allocated: the floor).
+ *
+ * --exchange: two threads, each mallocs and passes every block to the other through its own ring,
+ * and frees what the other passed it (forward and backward threads that both allocate and free
+ * each other's tensors). A pair is still one malloc and its free; both threads' pairs count.
  */
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
@@ -35,99 +39,164 @@ static const char *const kind_name[K_COUNT] = {"vmmalloc", "vmmalloc, thread_cac
                                                 "glibc", "jemalloc", "the ring alone"};
 static const char *const kind_key[K_COUNT] = {"vmmalloc", "vmmalloc_no_depot", "glibc", "jemalloc", "queue"};
 
+/* Pointers from one thread to another, single producer and single consumer. */
+typedef struct ring {
+    void *slot[RING_SLOTS];
+    _Alignas(64) _Atomic uint64_t head; /* pointers put */
+    _Alignas(64) _Atomic uint64_t tail; /* pointers taken */
+} ring;
+
 typedef struct run {
     enum kind k;
     vmm_allocator *a;
     vmm_stream s;
     const size_t *sizes;
-    uint64_t n;
-    void *slot[RING_SLOTS];
-    _Alignas(64) _Atomic uint64_t head; /* pointers P has put */
-    _Alignas(64) _Atomic uint64_t tail; /* pointers C has taken */
-    _Alignas(64) int p_errors, c_errors;
+    uint64_t n;                         /* mallocs per allocating thread */
+    ring q[2];                          /* q[0]: P to C (thread 0 to 1); q[1]: 1 to 0 (--exchange) */
+    _Alignas(64) int malloc_errors[2];
+    _Alignas(64) int free_errors[2];
 } run;
 
+static int exchange;                    /* --exchange */
 static void *(*glibc_malloc)(size_t);
 static void (*glibc_free)(void *);
 
+static void *get(run *r, size_t size, uint64_t i)
+{
+    void *p = NULL;
+    switch (r->k) {
+    case K_GLIBC:
+        return glibc_malloc(size);
+    case K_JEMALLOC:
+        return mallocx(size, 0);
+    case K_QUEUE:
+        return (void *)(uintptr_t)(i + 1);
+    default:
+        return vmm_malloc(r->a, size, r->s, &p) == VMM_OK ? p : NULL;
+    }
+}
+
+/* 0 when freed */
+static int put(run *r, void *p)
+{
+    switch (r->k) {
+    case K_GLIBC:
+        glibc_free(p);
+        return 0;
+    case K_JEMALLOC:
+        dallocx(p, 0);
+        return 0;
+    case K_QUEUE:
+        return 0;
+    default:
+        return vmm_free(r->a, p) != VMM_OK;
+    }
+}
+
+/* Takes ring in's pointers from number `got` on, up to `upto` and as many as were put, and frees
+ * them (thread `side`); returns the count taken. */
+static uint64_t consume(run *r, int side, ring *in, uint64_t got, uint64_t upto)
+{
+    uint64_t head = atomic_load_explicit(&in->head, memory_order_acquire);
+    if (head > upto)
+        head = upto;
+    for (; got < head; got++) {
+        void *p = in->slot[got & (RING_SLOTS - 1)];
+        atomic_store_explicit(&in->tail, got + 1, memory_order_release);
+        if (p && put(r, p))
+            r->free_errors[side]++;
+    }
+    return got;
+}
+
+/* Thread `side` mallocs r->n blocks into ring q[side]; waits while it is full, freeing meanwhile
+ * what ring `in` (when not NULL) holds. Returns how many of `in` it took. */
+static uint64_t produce(run *r, int side, ring *in)
+{
+    ring *out = &r->q[side];
+    uint64_t got = 0;
+    for (uint64_t i = 0; i < r->n; i++) {
+        void *p = get(r, r->sizes[(i + (uint64_t)side * (N_SIZES / 2)) & (N_SIZES - 1)], i);
+        if (!p)
+            r->malloc_errors[side]++;
+        while (i - atomic_load_explicit(&out->tail, memory_order_acquire) >= RING_SLOTS) {
+            uint64_t had = got;
+            if (in)
+                got = consume(r, side, in, got, got + RING_SLOTS);
+            if (got == had)
+                sched_yield(); /* full: the other thread is behind */
+        }
+        out->slot[i & (RING_SLOTS - 1)] = p;
+        atomic_store_explicit(&out->head, i + 1, memory_order_release);
+        if (in)
+            got = consume(r, side, in, got, got + RING_SLOTS);
+    }
+    return got;
+}
+
 static void *producer(void *arg)
 {
-    run *r = arg;
-    for (uint64_t i = 0; i < r->n; i++) {
-        size_t size = r->sizes[i & (N_SIZES - 1)];
-        void *p = NULL;
-        switch (r->k) {
-        case K_GLIBC:
-            p = glibc_malloc(size);
-            break;
-        case K_JEMALLOC:
-            p = mallocx(size, 0);
-            break;
-        case K_QUEUE:
-            p = (void *)(uintptr_t)(i + 1);
-            break;
-        default:
-            if (vmm_malloc(r->a, size, r->s, &p) != VMM_OK)
-                p = NULL;
-        }
-        if (!p)
-            r->p_errors++;
-        while (i - atomic_load_explicit(&r->tail, memory_order_acquire) >= RING_SLOTS)
-            sched_yield(); /* full: C is behind */
-        r->slot[i & (RING_SLOTS - 1)] = p;
-        atomic_store_explicit(&r->head, i + 1, memory_order_release);
-    }
+    produce(arg, 0, NULL);
     return NULL;
 }
 
 static void *consumer(void *arg)
 {
     run *r = arg;
-    for (uint64_t i = 0; i < r->n; i++) {
-        while (atomic_load_explicit(&r->head, memory_order_acquire) <= i)
+    for (uint64_t got = 0; got < r->n;) {
+        uint64_t had = got;
+        got = consume(r, 1, &r->q[0], got, r->n);
+        if (got == had)
             sched_yield(); /* empty: P is behind */
-        void *p = r->slot[i & (RING_SLOTS - 1)];
-        atomic_store_explicit(&r->tail, i + 1, memory_order_release);
-        if (!p)
-            continue;
-        switch (r->k) {
-        case K_GLIBC:
-            glibc_free(p);
-            break;
-        case K_JEMALLOC:
-            dallocx(p, 0);
-            break;
-        case K_QUEUE:
-            break;
-        default:
-            if (vmm_free(r->a, p) != VMM_OK)
-                r->c_errors++;
-        }
     }
     return NULL;
 }
 
-/* One timed run of n pairs; Mpairs/s, or -1 on a failure (reported). */
+typedef struct trader {
+    run *r;
+    int side;
+} trader;
+
+/* --exchange: mallocs into its ring, frees what the other's ring brings */
+static void *exchanger(void *arg)
+{
+    trader *t = arg;
+    ring *in = &t->r->q[1 - t->side];
+    for (uint64_t got = produce(t->r, t->side, in); got < t->r->n;) {
+        uint64_t had = got;
+        got = consume(t->r, t->side, in, got, t->r->n);
+        if (got == had)
+            sched_yield();
+    }
+    return NULL;
+}
+
+/* One timed run of n pairs a thread; Mpairs/s, or -1 on a failure (reported). */
 static double timed(run *r, uint64_t n)
 {
     r->n = n;
-    atomic_store(&r->head, 0);
-    atomic_store(&r->tail, 0);
-    pthread_t tp, tc;
-    uint64_t t0 = bench_now_ns();
-    if (pthread_create(&tc, NULL, consumer, r) || pthread_create(&tp, NULL, producer, r)) {
+    for (int i = 0; i < 2; i++) {
+        atomic_store(&r->q[i].head, 0);
+        atomic_store(&r->q[i].tail, 0);
+    }
+    pthread_t t0, t1;
+    trader tr[2] = {{r, 0}, {r, 1}};
+    uint64_t start = bench_now_ns();
+    if (exchange ? pthread_create(&t1, NULL, exchanger, &tr[1]) || pthread_create(&t0, NULL, exchanger, &tr[0])
+                 : pthread_create(&t1, NULL, consumer, r) || pthread_create(&t0, NULL, producer, r)) {
         fprintf(stderr, "vmm-bench handoff: pthread_create failed\n");
         exit(BENCH_EXIT_FAIL);
     }
-    pthread_join(tp, NULL);
-    pthread_join(tc, NULL);
-    double s = (double)(bench_now_ns() - t0) / 1e9;
-    if (r->p_errors || r->c_errors) {
+    pthread_join(t0, NULL);
+    pthread_join(t1, NULL);
+    double s = (double)(bench_now_ns() - start) / 1e9;
+    int me = r->malloc_errors[0] + r->malloc_errors[1], fe = r->free_errors[0] + r->free_errors[1];
+    if (me || fe) {
         fprintf(stderr, "vmm-bench handoff: %s: %d mallocs and %d frees failed (%s)\n", kind_name[r->k],
-                r->p_errors, r->c_errors, vmm_last_error());
+                me, fe, vmm_last_error());
         return -1;
     }
-    return (double)n / s / 1e6;
+    return (double)n * (exchange ? 2 : 1) / s / 1e6;
 }
 
 /* One allocator's state across the rounds. */
@@ -197,9 +266,11 @@ int bench_handoff(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--conf") && i + 1 < argc) {
             conf = argv[++i];
+        } else if (!strcmp(argv[i], "--exchange")) {
+            exchange = 1;
         } else {
             fprintf(stderr, "vmm-bench handoff: unknown option %s\n"
-                            "usage: vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]\n",
+                            "usage: vmm-bench handoff [--exchange] [--pairs N] [--conf K:V,...] [--quick] [--json]\n",
                     argv[i]);
             return BENCH_EXIT_INPUT;
         }
@@ -227,12 +298,14 @@ int bench_handoff(int argc, char **argv)
             if ((sub[k].v[i] = timed(sub[k].r, pairs)) < 0)
                 rc = BENCH_EXIT_FAIL;
     if (!rc && !json)
-        printf("One thread mallocs (log-uniform 512 B - 64 KiB), another frees, through a ring of %d pointers;\n"
-               "vmmalloc on one stream, simulated device, unbacked. %d rounds of %llu pairs, each round every\n"
+        printf("%s (log-uniform 512 B - 64 KiB), through a ring of %d pointers;\n"
+               "vmmalloc on one stream, simulated device, unbacked. %d rounds of %llu pairs%s, each round every\n"
                "allocator in turn (after a warm-up of an eighth as many); median and range of the rounds.\n\n"
                "%-36s %9s %15s %11s %13s %12s\n",
-               RING_SLOTS, rounds, (unsigned long long)pairs, "", "Mpairs/s", "range", "ns a pair",
-               "hits/malloc", "lane/malloc");
+               exchange ? "Two threads each malloc and free what the other mallocs"
+                        : "One thread mallocs, another frees",
+               RING_SLOTS, rounds, (unsigned long long)pairs,
+               exchange ? " a thread" : "", "", "Mpairs/s", "range", "ns a pair", "hits/malloc", "lane/malloc");
     double med[K_COUNT];
     for (int k = 0; k < K_COUNT && !rc; k++) {
         subject *x = &sub[k];
@@ -248,9 +321,10 @@ int bench_handoff(int argc, char **argv)
             lane = mallocs > 0 ? (double)(num(x->r, "lanes.mallocs") - x->lane0) / mallocs : 0;
         }
         if (json) {
-            printf("{\"bench\":\"handoff\",\"allocator\":\"%s\",\"pairs\":%llu,\"rounds\":%d,"
-                   "\"mpairs_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f",
-                   kind_key[k], (unsigned long long)pairs, rounds, med[k], lo, hi);
+            printf("{\"bench\":\"handoff\",\"pattern\":\"%s\",\"allocator\":\"%s\",\"pairs\":%llu,"
+                   "\"rounds\":%d,\"mpairs_per_s\":%.3f,\"min\":%.3f,\"max\":%.3f",
+                   exchange ? "exchange" : "one_way", kind_key[k], (unsigned long long)pairs, rounds, med[k],
+                   lo, hi);
             if (hits >= 0)
                 printf(",\"cache_hits_per_malloc\":%.3f,\"lane_mallocs_per_malloc\":%.3f", hits, lane);
             printf("}\n");

@@ -12,7 +12,7 @@
  *   vmm-bench sleep [--gib N] [--backup-gib M] [--quick] [--json]
  *   vmm-bench ipc [--conf K:V,...] [--quick] [--json]
  *   vmm-bench growth [--quick] [--json]
- *   vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]
+ *   vmm-bench handoff [--exchange] [--pairs N] [--conf K:V,...] [--quick] [--json]
  *   vmm-bench gen N OUT.csv [--seed S]
  */
 #include <errno.h>
@@ -67,8 +67,9 @@ static void usage(FILE *f)
             "                                    cost of exportable pages and of sharing a block\n"
             "  vmm-bench growth [--quick] [--json]\n"
             "                                    another thread's malloc + free while one thread grows\n"
-            "  vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]\n"
-            "                                    one thread mallocs, another frees (producer / consumer)\n"
+            "  vmm-bench handoff [--exchange] [--pairs N] [--conf K:V,...] [--quick] [--json]\n"
+            "                                    one thread mallocs, another frees (producer / consumer);\n"
+            "                                    --exchange: two threads, each frees what the other mallocs\n"
             "  vmm-bench gen N OUT.csv [--seed S] write a synthetic trace of N events\n");
 }
 
