@@ -1076,8 +1076,7 @@ static void op_exchange(run_t *R, thread_state *t) { exchange(R, t, -1); }
 /* --producer-consumer: even threads malloc and give their blocks to the exchange, odd threads
  * mostly free what it holds (the thread caches' depot, src/tcache.c: the freeing thread's full
  * bins go to the allocating threads) and malloc and free a few of their own, as a backward thread
- * does (a thread that never mallocs does not open the lanes, and without lanes no depot). Checks
- * and empty_cache as in the usual mix, rarely. */
+ * does. Checks and empty_cache as in the usual mix, rarely. */
 static void producer_consumer_op(run_t *R, thread_state *t)
 {
     uint64_t k = rng_below(&t->r, 1000);
