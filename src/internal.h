@@ -582,12 +582,19 @@ const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b);
 /* Blocks in the live table (thread-cached ones too; allocator lock held). */
 size_t vmm_live_count(const vmm_allocator *a);
 void vmm_live_free_table(vmm_allocator *a);
-/* Lookup without the allocator lock (lanes): the block at addr in the small pool's shards,
- * thread-cached or not, or NULL; *copy (if not NULL) gets its slot. Holds the shard's lock for the
- * probe only. */
+/* Lookup without the allocator lock: the block at addr in the small pool's shards, thread-cached
+ * or not, or NULL; *copy (if not NULL) gets its slot. Holds the shard's lock for the probe only:
+ * the record may be freed after it (tests read slots with it). */
 vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy);
-/* The same in the large pool's shards, whose locks are taken while lanes are open (lane.c). */
-vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr);
+/* Lanes' free: the live block at addr (the large pool's shards first unless small_only, whose
+ * locks are taken while lanes are open; then the small pool's) and its lane *sr (NULL: a private
+ * pool's), read while the block was live; *pool: where it was found; *copy: its small-pool slot.
+ * NULL when addr is not live. */
+vmm_block *vmm_live_lane_of(vmm_allocator *a, uintptr_t addr, int small_only, vmm_stream_rec **sr,
+                            vmm_live_slot *copy, int *pool);
+/* Whether addr is still live block b of lane sr in `pool`: with sr's lock held, once true it stays
+ * so (only that lane's paths and the allocator lock's holder free its blocks' records). */
+int vmm_live_still(vmm_allocator *a, uintptr_t addr, const vmm_block *b, const vmm_stream_rec *sr, int pool);
 /* Every block in the live table, thread-cached ones included (allocator lock held). */
 #define VMM_LIVE_FOREACH(a, b)                                                                 \
     for (size_t vmm_s_ = 0; vmm_s_ < VMM_LIVE_SHARDS; vmm_s_++)                               \

@@ -210,20 +210,22 @@ int vmm_lane_free(vmm_allocator *a, void *ptr, size_t trim)
 {
     if (!atomic_load_explicit(&a->lanes_on, memory_order_acquire))
         return 0;
-    /* a live block's fields are the caller's (a second free racing this one is the caller's bug);
-     * checked again under the lane's lock. trim: the thread cache found this small block fit to
-     * cache and its bin full */
-    vmm_block *b = NULL;
+    /* trim: the thread cache found this small block fit to cache and its bin full. A second free
+     * racing this one (the caller's bug) may free the block's record at any moment until the lane's
+     * lock is held and the block found live again: its lane is read under the live-table shard's
+     * lock, and its record only once it is live in that lane under that lane's lock. */
     vmm_live_slot sl = {0};
-    if (!trim)
-        b = vmm_live_lookup_large(a, (uintptr_t)ptr);
-    if (!b)
-        b = vmm_live_lookup(a, (uintptr_t)ptr, &sl);
-    if (!b || b->seg->mp)
+    vmm_stream_rec *sr = NULL;
+    int pool;
+    vmm_block *b = vmm_live_lane_of(a, (uintptr_t)ptr, trim != 0, &sr, &sl, &pool);
+    if (!b || !sr)
         return 0;
-    vmm_stream_rec *sr = b->seg->srec;
     int done = 0;
     vmm_mutex_lock(&sr->lock);
+    if (!vmm_live_still(a, (uintptr_t)ptr, b, sr, pool)) {
+        vmm_mutex_unlock(&sr->lock);
+        return 0; /* freed meanwhile: the allocator says so */
+    }
     sr->bk.in_path = 1; /* pool.c counts and recycles records in this lane's books */
     sr->bk.dirty = 1;
     /* the full bin first, as the allocator's free does: the older half of this lane's blocks in

@@ -941,18 +941,48 @@ const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b)
     return "allocated block missing from the live table";
 }
 
-vmm_block *vmm_live_lookup_large(vmm_allocator *a, uintptr_t addr)
+/* The live block at addr among `pool`'s shards, and its lane (NULL: a private pool's), read with
+ * the shard's lock held, while the slot holds the block: a racing free (the caller's bug) may free
+ * its record the moment the lock goes. */
+static vmm_block *lookup_lane(vmm_allocator *a, uintptr_t addr, int pool, vmm_stream_rec **sr,
+                              vmm_live_slot *copy)
 {
     size_t ss[2];
     vmm_block *found = NULL;
-    for (int k = 0, n = live_shards(a, addr, VMM_LARGE, ss); k < n && !found; k++) {
+    for (int k = 0, n = live_shards(a, addr, pool, ss); k < n && !found; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
         size_t i = shard_find(sh, addr);
-        found = i == SIZE_MAX ? NULL : sh->t[i].blk;
+        if (i != SIZE_MAX) {
+            found = sh->t[i].blk;
+            *sr = found->seg->mp ? NULL : found->seg->srec;
+            if (copy)
+                *copy = sh->t[i];
+        }
         shard_unlock(a, sh, ss[k]);
     }
     return found;
+}
+
+vmm_block *vmm_live_lane_of(vmm_allocator *a, uintptr_t addr, int small_only, vmm_stream_rec **sr,
+                            vmm_live_slot *copy, int *pool)
+{
+    vmm_block *b = NULL;
+    *sr = NULL;
+    *pool = VMM_LARGE;
+    if (!small_only)
+        b = lookup_lane(a, addr, VMM_LARGE, sr, NULL);
+    if (!b) {
+        *pool = VMM_SMALL;
+        b = lookup_lane(a, addr, VMM_SMALL, sr, copy);
+    }
+    return b;
+}
+
+int vmm_live_still(vmm_allocator *a, uintptr_t addr, const vmm_block *b, const vmm_stream_rec *sr, int pool)
+{
+    vmm_stream_rec *now = NULL;
+    return lookup_lane(a, addr, pool, &now, NULL) == b && now == sr;
 }
 
 /* Remove entry i of shard sh (its lock held where shards are locked). */

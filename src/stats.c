@@ -158,6 +158,9 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     vmm_tc_info(a, &tc_n, &tc_bytes, &tc_cap, tc_counts);
     int tc_on = vmm_tc_on(a);
     long long unlocked = (long long)a->growths_unlocked;
+    /* read under the lock: another thread's malloc opens the lanes and folds their counts */
+    int lanes_open = a->lanes_open;
+    long long lane_mallocs = (long long)a->lane_counts[0], lane_frees = (long long)a->lane_counts[1];
     vmm_unlock(a);
     jbuf j = {buf, len, 0, 0};
     static const char *pools[VMM_POOL_COUNT] = {"all", "small_pool", "large_pool"};
@@ -186,9 +189,9 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     jput(&j, "thread_caches.malloc_misses", (long long)tc_counts[1]);
     jput(&j, "thread_caches.frees_kept", (long long)tc_counts[2]);
     jput(&j, "thread_caches.frees_passed", (long long)tc_counts[3]);
-    jput(&j, "lanes.open", a->lanes_open);
-    jput(&j, "lanes.mallocs", (long long)a->lane_counts[0]);
-    jput(&j, "lanes.frees", (long long)a->lane_counts[1]);
+    jput(&j, "lanes.open", lanes_open);
+    jput(&j, "lanes.mallocs", lane_mallocs);
+    jput(&j, "lanes.frees", lane_frees);
     jput(&j, "growths_unlocked", unlocked);
     if (sim) {
         jput(&j, "sim.device_syncs", (long long)c.device_syncs);
