@@ -316,18 +316,19 @@ def t_handoff(bench, wdir, src):
               rows["vmmalloc_no_depot"]["lane_mallocs_per_malloc"] > 0.99,
               f"handoff: without the depot, mallocs on the lane: {rows['vmmalloc_no_depot']}")
     # --exchange: both threads malloc and free each other's blocks. A block one thread's cache handed
-    # out is kept by the other's cache when freed (tcache.c, named_elsewhere_live): 0.66-0.76 of the
-    # mallocs were cache hits on the 2-core VM in Release, 0.51-0.56 under the thread sanitizer,
-    # 0.41-0.45 when every such free went to the allocator. Only a sanity bound here: the keep
-    # itself is asserted by test_tcache (test_slot_other_live_cache).
+    # out is kept by the other's cache when freed (tcache.c, named_elsewhere_live): about half the
+    # frees in Release, 0.27 under the thread sanitizer (its trylocks fail more often), none before
+    # that change (every such free went to the allocator). Cache hits: a sanity bound only.
     p = run([bench, "handoff", "--quick", "--exchange", "--json"])
     check(p.returncode == 0, f"handoff --exchange exit 0: {p.stderr}")
     rows = {r["allocator"]: r for r in (json.loads(l) for l in p.stdout.splitlines() if l.strip())
             if r.get("bench") == "handoff" and r.get("pattern") == "exchange"}
     check(set(rows) == want, f"handoff --exchange: every allocator reported: {sorted(rows)}")
     if "vmmalloc" in rows:
-        check(rows["vmmalloc"]["cache_hits_per_malloc"] > 0.2,
-              f"handoff --exchange: cache hits {rows['vmmalloc']['cache_hits_per_malloc']}")
+        v = rows["vmmalloc"]
+        check(v["frees_kept_from_others_per_free"] > 0.05,
+              f"handoff --exchange: frees kept from other caches {v['frees_kept_from_others_per_free']}")
+        check(v["cache_hits_per_malloc"] > 0.2, f"handoff --exchange: cache hits {v['cache_hits_per_malloc']}")
     p = run([bench, "handoff", "--pairs", "0"])
     check(p.returncode == 2 and "--pairs" in p.stderr, f"handoff --pairs 0: exit 2: {p.returncode} {p.stderr}")
 

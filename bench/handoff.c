@@ -203,7 +203,7 @@ static double timed(run *r, uint64_t n)
 typedef struct subject {
     run *r;
     double v[MAX_ROUNDS];          /* Mpairs/s of each round */
-    long long hits0, misses0, lane0;
+    long long hits0, misses0, lane0, others0;
 } subject;
 
 static long long num(const run *r, const char *key) { return bench_json_num(r->a, key, 0); }
@@ -292,6 +292,7 @@ int bench_handoff(int argc, char **argv)
             sub[k].hits0 = num(sub[k].r, "thread_caches.malloc_hits");
             sub[k].misses0 = num(sub[k].r, "thread_caches.malloc_misses");
             sub[k].lane0 = num(sub[k].r, "lanes.mallocs");
+            sub[k].others0 = num(sub[k].r, "thread_caches.frees_kept_from_others");
         }
     for (int i = 0; i < rounds && !rc; i++)
         for (int k = 0; k < K_COUNT && !rc; k++)
@@ -313,12 +314,17 @@ int bench_handoff(int argc, char **argv)
         memcpy(v, x->v, sizeof v);
         med[k] = bench_quantile(v, (size_t)rounds, 0.5);
         double lo = v[0], hi = v[rounds - 1]; /* sorted by bench_quantile */
-        double hits = -1, lane = -1;
+        double hits = -1, lane = -1, others = -1;
         if (x->r->a) {
             double mallocs = (double)(num(x->r, "thread_caches.malloc_hits") - x->hits0 +
                                       num(x->r, "thread_caches.malloc_misses") - x->misses0);
             hits = mallocs > 0 ? (double)(num(x->r, "thread_caches.malloc_hits") - x->hits0) / mallocs : 0;
             lane = mallocs > 0 ? (double)(num(x->r, "lanes.mallocs") - x->lane0) / mallocs : 0;
+            /* frees kept by a cache other than the one that had handed the block out: every free
+             * is one malloc's */
+            others = mallocs > 0
+                         ? (double)(num(x->r, "thread_caches.frees_kept_from_others") - x->others0) / mallocs
+                         : 0;
         }
         if (json) {
             printf("{\"bench\":\"handoff\",\"pattern\":\"%s\",\"allocator\":\"%s\",\"pairs\":%llu,"
@@ -326,7 +332,9 @@ int bench_handoff(int argc, char **argv)
                    exchange ? "exchange" : "one_way", kind_key[k], (unsigned long long)pairs, rounds, med[k],
                    lo, hi);
             if (hits >= 0)
-                printf(",\"cache_hits_per_malloc\":%.3f,\"lane_mallocs_per_malloc\":%.3f", hits, lane);
+                printf(",\"cache_hits_per_malloc\":%.3f,\"lane_mallocs_per_malloc\":%.3f,"
+                       "\"frees_kept_from_others_per_free\":%.3f",
+                       hits, lane, others);
             printf("}\n");
         } else {
             char range[32], h[16] = "", l[16] = "";

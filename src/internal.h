@@ -871,8 +871,10 @@ int vmm_tc_holds(vmm_allocator *a, const vmm_live_slot *s);
 int vmm_tc_take_live(vmm_allocator *a, uintptr_t addr, const vmm_block *b, unsigned hint);
 /* Caches, bytes they hold, most bytes one may hold now, and counts up to the last vmm_tc_fold
  * (the caller folds first, as for the stats): mallocs served and not, frees kept and not (the
- * allocator's); allocator lock held. */
-void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, size_t *cap, uint64_t counts[4]);
+ * allocator's), frees kept of blocks another cache handed out; allocator lock held. */
+enum { VMM_TC_COUNTS = 5 };
+void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, size_t *cap,
+                 uint64_t counts[VMM_TC_COUNTS]);
 
 /* ---- sleep.c: tags, lanes, sleep / wake --------------------------------------------------- */
 

@@ -154,7 +154,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     int64_t n_pools, pool_res, pool_alloc, routes; /* private pools (mempool.c) */
     vmm_mempool_totals(a, &n_pools, &pool_res, &pool_alloc, &routes);
     size_t tc_n, tc_bytes, tc_cap; /* thread caches (tcache.c) */
-    uint64_t tc_counts[4];
+    uint64_t tc_counts[VMM_TC_COUNTS];
     vmm_tc_info(a, &tc_n, &tc_bytes, &tc_cap, tc_counts);
     int tc_on = vmm_tc_on(a);
     long long unlocked = (long long)a->growths_unlocked;
@@ -189,6 +189,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     jput(&j, "thread_caches.malloc_misses", (long long)tc_counts[1]);
     jput(&j, "thread_caches.frees_kept", (long long)tc_counts[2]);
     jput(&j, "thread_caches.frees_passed", (long long)tc_counts[3]);
+    jput(&j, "thread_caches.frees_kept_from_others", (long long)tc_counts[4]);
     jput(&j, "lanes.open", lanes_open);
     jput(&j, "lanes.mallocs", lane_mallocs);
     jput(&j, "lanes.frees", lane_frees);

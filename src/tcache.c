@@ -76,8 +76,10 @@ typedef struct tc_bin {
 /* Counters the fast paths moved since the last fold, for allocation, allocated_bytes and
  * requested_bytes of the small pool: ups, downs, and the highest running net (for peaks). */
 enum { TC_ALLOCATION, TC_BYTES, TC_REQUESTED, TC_NSTATS };
-/* How the fast paths fared: mallocs served / not, frees kept / not (the allocator's to do). */
-enum { TC_HIT, TC_MISS, TC_KEPT, TC_PASSED, TC_NCOUNTS };
+/* How the fast paths fared: mallocs served / not, frees kept / not (the allocator's to do), and of
+ * those kept, the blocks another cache had handed out (named_elsewhere_live). */
+enum { TC_HIT, TC_MISS, TC_KEPT, TC_PASSED, TC_KEPT_OTHERS, TC_NCOUNTS };
+_Static_assert((int)TC_NCOUNTS == (int)VMM_TC_COUNTS, "vmm_tc_info's counts");
 typedef struct tc_delta {
     int64_t up, down, net, max_net;
 } tc_delta;
@@ -752,6 +754,7 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
     vmm_live_slot_unlock(a, sh);
     if (keep > 0) {
         tc->n[TC_KEPT]++;
+        tc->n[TC_KEPT_OTHERS] += owner && owner != tc->num;
         tc->bytes += size;
         mark_dirty(tc);
         delta_down(&tc->d[TC_ALLOCATION], 1);
@@ -1098,14 +1101,14 @@ int vmm_tc_on(const vmm_allocator *a)
     return a->tcs && atomic_load_explicit(&a->tcs->on, memory_order_relaxed);
 }
 
-void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, size_t *cap, uint64_t counts[4])
+void vmm_tc_info(vmm_allocator *a, size_t *caches, size_t *bytes, size_t *cap,
+                 uint64_t counts[VMM_TC_COUNTS])
 {
     *caches = *bytes = *cap = 0;
-    memset(counts, 0, 4 * sizeof *counts);
+    memset(counts, 0, VMM_TC_COUNTS * sizeof *counts);
     if (!a->tcs)
         return;
     *cap = atomic_load_explicit(&a->tcs->cap, memory_order_relaxed);
-    _Static_assert(TC_NCOUNTS == 4, "vmm_tc_info: counts[4]");
     memcpy(counts, a->tcs->counts, sizeof a->tcs->counts);
     for (vmm_tcache *tc = a->tcs->list; tc; tc = tc->next) {
         vmm_mutex_lock(&tc->lock);

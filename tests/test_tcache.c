@@ -568,9 +568,11 @@ static void test_slot_other_live_cache(void)
     CHECK(vmm_free(XA, xp_cached) == VMM_EBADPTR);
     CHECK(strstr(vmm_last_error(), "already freed") != NULL);
     long long kept = vmm_test_json_num(XA, "thread_caches.frees_kept");
+    long long others = vmm_test_json_num(XA, "thread_caches.frees_kept_from_others");
     CHECK_OK(vmm_free(XA, xp_handed));
     /* kept by this thread's cache: the worker's bins do not hold it */
     CHECK_EQ(vmm_test_json_num(XA, "thread_caches.frees_kept"), kept + 1);
+    CHECK_EQ(vmm_test_json_num(XA, "thread_caches.frees_kept_from_others"), others + 1);
     CHECK_EQ(vmm_test_json_num(XA, "thread_caches.bytes"), 1024 + 2048);
     CHECK(vmm_free(XA, xp_handed) == VMM_EBADPTR);
     CHECK(strstr(vmm_last_error(), "already freed") != NULL);
