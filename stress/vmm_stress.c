@@ -253,7 +253,8 @@ typedef struct run {
     double t0, t_end;
     counters c;
     int64_t peak_allocated, peak_reserved, event_waits, pages_remapped, device_syncs, stream_syncs;
-    long long tc_hits, tc_kept; /* thread caches: mallocs served, frees kept (stats JSON) */
+    long long tc_hits, tc_kept, tc_others; /* thread caches: mallocs served, frees kept, of those
+                                            * the blocks another cache handed out (stats JSON) */
     long long grows_unlocked;   /* growths that created handles with the lock released */
     long long lane_mallocs, lane_frees; /* done under a lane's lock only (src/lane.c) */
     uint64_t violations_at_start;
@@ -1642,6 +1643,8 @@ static void teardown_checks(run_t *R)
             const char *k = strstr(json, "\"thread_caches.frees_kept\":");
             R->tc_hits = h ? atoll(strchr(h, ':') + 1) : 0;
             R->tc_kept = k ? atoll(strchr(k, ':') + 1) : 0;
+            const char *o = strstr(json, "\"thread_caches.frees_kept_from_others\":");
+            R->tc_others = o ? atoll(strchr(o, ':') + 1) : 0;
             const char *g = strstr(json, "\"growths_unlocked\":");
             R->grows_unlocked = g ? atoll(strchr(g, ':') + 1) : 0;
             const char *lm = strstr(json, "\"lanes.mallocs\":");
@@ -1755,12 +1758,13 @@ static void print_summary(const run_t *R, double secs, int json, FILE *f)
                 (unsigned long long)R->mw->maps, (unsigned long long)R->mw->unmaps);
     fprintf(f, "%-10s peak live %.1f MiB, peak allocated %.1f MiB, peak reserved %.1f MiB of %.1f MiB; "
                "OOMs %llu (fragmentation %llu, with free bytes %llu, fault-caused %llu), injected errors %llu, "
-               "event waits %lld, pages remapped %lld, thread caches: %lld mallocs served, %lld frees kept, "
+               "event waits %lld, pages remapped %lld, thread caches: %lld mallocs served, %lld frees kept "
+               "(%lld of another cache's blocks), "
                "growths unlocked %lld, lane mallocs %lld, lane frees %lld\n",
             R->label, (double)R->peak_shadow_usable / MiB, (double)R->peak_allocated / MiB,
             (double)R->peak_reserved / MiB, (double)R->capacity / MiB, L(ooms), L(frag_ooms), L(naive_free_ooms),
             L(fault_ooms), L(injected_errors), (long long)R->event_waits, (long long)R->pages_remapped,
-            R->tc_hits, R->tc_kept, R->grows_unlocked, R->lane_mallocs, R->lane_frees);
+            R->tc_hits, R->tc_kept, R->tc_others, R->grows_unlocked, R->lane_mallocs, R->lane_frees);
 #undef L
 }
 
