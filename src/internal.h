@@ -958,9 +958,10 @@ void vmm_lanes_lock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 void vmm_lanes_unlock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 /* vmm_create, configuration loaded: whether lanes may open. */
 void vmm_lanes_setup(vmm_allocator *a);
-/* Allocator lock held (malloc, free): open the lanes once a second thread mallocs or frees; close them for good
- * once thread caches are off for good (no lane path could run: the allocator lock stops taking
- * their locks). No-op otherwise: inline for one thread's malloc, which makes it every time. */
+/* Allocator lock held (malloc, free): open the lanes once a second thread mallocs or frees;
+ * close them for good once thread caches are off for good (no lane path could run: the allocator
+ * lock stops taking their locks). No-op otherwise: inline for one thread's malloc, which makes it
+ * every time. */
 void vmm_lanes_update_slow(vmm_allocator *a);
 /* The calling thread, as a number no other live thread has: its thread pointer (what glibc's
  * pthread_self returns) read inline where the architecture allows, which spares the one-thread
