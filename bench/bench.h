@@ -174,8 +174,9 @@ int bench_ipc(int argc, char **argv);
 int bench_growth(int argc, char **argv);
 
 /* ---- handoff.c ------------------------------------------------------------------------------- */
-/* vmm-bench handoff [--pairs N] [--conf K:V,...] [--quick] [--json]: one thread allocates, another
- * frees (producer / consumer), vmmalloc with and without the thread caches' depot, glibc, jemalloc. */
+/* vmm-bench handoff [--exchange] [--pairs N] [--conf K:V,...] [--quick] [--json]: one thread
+ * allocates, another frees (producer / consumer; --exchange: each frees what the other allocates),
+ * vmmalloc with and without the thread caches' depot, glibc, jemalloc. */
 int bench_handoff(int argc, char **argv);
 
 #endif

@@ -208,6 +208,16 @@ typedef struct subject {
 
 static long long num(const run *r, const char *key) { return bench_json_num(r->a, key, 0); }
 
+static void close_run(run *r)
+{
+    if (r && r->a) {
+        if (r->s)
+            vmm_sim_stream_destroy(r->a, r->s);
+        vmm_destroy(r->a);
+    }
+    free(r);
+}
+
 /* An allocator of kind k, warmed up: vmmalloc's lanes open (a second thread), its pool grown to the
  * pattern's size. NULL on a failure (reported). */
 static run *open_run(enum kind k, const char *conf_extra, const size_t *sizes, uint64_t pairs)
@@ -224,26 +234,15 @@ static run *open_run(enum kind k, const char *conf_extra, const size_t *sizes, u
          * thread's under the allocator lock */
         if (vmm_create(conf, &r->a) != VMM_OK || vmm_sim_stream_create(r->a, &r->s) != VMM_OK) {
             fprintf(stderr, "vmm-bench handoff: %s\n", vmm_last_error());
-            free(r);
+            close_run(r); /* the allocator too, when only the stream failed */
             return NULL;
         }
     }
     if (timed(r, pairs / 8 + 1) < 0) {
-        if (r->a)
-            vmm_destroy(r->a);
-        free(r);
+        close_run(r);
         return NULL;
     }
     return r;
-}
-
-static void close_run(run *r)
-{
-    if (r && r->a) {
-        vmm_sim_stream_destroy(r->a, r->s);
-        vmm_destroy(r->a);
-    }
-    free(r);
 }
 
 int bench_handoff(int argc, char **argv)

@@ -682,8 +682,9 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
 /* Whether the block at addr, whose slot names cache `owner` (another thread's), is not in that
  * cache: a malloc from a cache leaves the slot naming it, so the blocks one thread allocates from
  * its cache and another frees (forward and backward threads on one stream) named the first, and
- * every such free went to the allocator: 37% of mallocs served by the caches instead of 74% with
- * two threads passing every block to each other (docs/benchmarks.md, "Handoff"). The block's
+ * every such free went to the allocator: 0.45 of mallocs served by the caches instead of 0.81 with
+ * two threads passing every block to each other (vmm-bench handoff --exchange, docs/benchmarks.md
+ * "Handoff"). The block's
  * shard lock held: no other free can cache it meanwhile. That cache's lock is only tried (the
  * order is cache, then shard); busy, or the depot's (a block in the depot is freed already), 0.
  * Under the lock its bins are exact, and it is still the cache numbered `owner` (cache_numbered
