@@ -582,10 +582,6 @@ const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b);
 /* Blocks in the live table (thread-cached ones too; allocator lock held). */
 size_t vmm_live_count(const vmm_allocator *a);
 void vmm_live_free_table(vmm_allocator *a);
-/* Lookup without the allocator lock: the block at addr in the small pool's shards, thread-cached
- * or not, or NULL; *copy (if not NULL) gets its slot. Holds the shard's lock for the probe only:
- * the record may be freed after it (tests read slots with it). */
-vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy);
 /* Lanes' free: the live block at addr (the large pool's shards first unless small_only, whose
  * locks are taken while lanes are open; then the small pool's) and its lane *sr (NULL: a private
  * pool's), read while the block was live; *pool: where it was found; *copy: its small-pool slot.

@@ -860,19 +860,6 @@ vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shar
     return &sh->t[i];
 }
 
-vmm_block *vmm_live_lookup(vmm_allocator *a, uintptr_t addr, vmm_live_slot *copy)
-{
-    size_t s;
-    vmm_live_slot *sl = vmm_live_slot_lock(a, addr, &s);
-    if (!sl)
-        return NULL;
-    vmm_block *found = sl->blk;
-    if (copy)
-        *copy = *sl;
-    vmm_live_slot_unlock(a, s);
-    return found;
-}
-
 /* The slot of a thread-cached block at addr, its shard's lock held (released by the caller). */
 static vmm_live_slot *cached_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
 {

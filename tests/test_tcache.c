@@ -634,6 +634,14 @@ static void test_racing_double_free(const char *conf)
     finish_cross(mine);
 }
 
+/* The small-pool block at p and a copy of its slot (NULL: none), as the lane path looks it up. */
+static vmm_block *small_slot(vmm_allocator *a, void *p, vmm_live_slot *copy)
+{
+    vmm_stream_rec *sr = NULL;
+    int pool;
+    return vmm_live_lane_of(a, (uintptr_t)p, 1, &sr, copy, &pool);
+}
+
 /* vmm_tc_take_live, the slow free's removal, against slots the caller saw otherwise: a cached
  * block stays (held: a double free), also when its slot's step was cleared meanwhile; one whose
  * slot names no cache that holds it goes, and a hint naming a cache the slot no longer lets take
@@ -647,15 +655,15 @@ static void test_take_live_hints(void)
     CHECK_OK(vmm_free(a, p)); /* into this thread's cache */
     vmm_live_slot seen;
     vmm_lock(a);
-    vmm_block *b = vmm_live_lookup(a, (uintptr_t)p, &seen);
+    vmm_block *b = small_slot(a, p, &seen);
     CHECK(b != NULL && seen.tc_owner != 0 && seen.tc_class != 0);
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, 0) == 0);              /* no hint: held */
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 0); /* hint: held */
-    CHECK(vmm_live_lookup(a, (uintptr_t)p, NULL) == b);
+    CHECK(small_slot(a, p, NULL) == b);
     /* a step cleared while the block sits in the cache (record_stream racing the free into it):
      * the slow paths ask the bin of the block's size, and still find it there */
     vmm_live_tc_forbid(a, b);
-    CHECK(vmm_live_lookup(a, (uintptr_t)p, &seen) == b && seen.tc_class == 0);
+    CHECK(small_slot(a, p, &seen) == b && seen.tc_class == 0);
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, 0) == 0);
     vmm_unlock(a);
     CHECK(vmm_free(a, p) == VMM_EBADPTR); /* (no vmm_check here: it drains the cache) */
@@ -665,10 +673,10 @@ static void test_take_live_hints(void)
     CHECK_OK(vmm_sim_stream_create(a, &s2));
     CHECK_OK(vmm_record_stream(a, p, s2)); /* no cache may take it now: step cleared */
     vmm_lock(a);
-    b = vmm_live_lookup(a, (uintptr_t)p, &seen);
+    b = small_slot(a, p, &seen);
     CHECK(b != NULL && seen.tc_owner != 0 && seen.tc_class == 0);
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 1);
-    CHECK(vmm_live_lookup(a, (uintptr_t)p, NULL) == NULL);
+    CHECK(small_slot(a, p, NULL) == NULL);
     CHECK(vmm_tc_take_live(a, (uintptr_t)p, b, seen.tc_owner) == 0); /* gone: not taken twice */
     CHECK_OK(vmm_live_insert(a, b));                                  /* back as it was */
     vmm_unlock(a);
