@@ -317,8 +317,10 @@ def t_handoff(bench, wdir, src):
               f"handoff: without the depot, mallocs on the lane: {rows['vmmalloc_no_depot']}")
     # --exchange: both threads malloc and free each other's blocks. A block one thread's cache handed
     # out is kept by the other's cache when freed (tcache.c, named_elsewhere_live): about half the
-    # frees in Release, 0.27 under the thread sanitizer (its trylocks fail more often), none before
-    # that change (every such free went to the allocator). Cache hits: a sanity bound only.
+    # frees in Release, 0.27 under the thread sanitizer (its trylocks fail more often); with a busy
+    # loop on one of the two vCPUs 0.26 in Release and 0.03 under the thread sanitizer (the threads
+    # take turns, and most mallocs then come from the lane, whose blocks name no cache); exactly 0
+    # before that change (every such free went to the allocator). Cache hits: a sanity bound only.
     p = run([bench, "handoff", "--quick", "--exchange", "--json"])
     check(p.returncode == 0, f"handoff --exchange exit 0: {p.stderr}")
     rows = {r["allocator"]: r for r in (json.loads(l) for l in p.stdout.splitlines() if l.strip())
@@ -326,7 +328,7 @@ def t_handoff(bench, wdir, src):
     check(set(rows) == want, f"handoff --exchange: every allocator reported: {sorted(rows)}")
     if "vmmalloc" in rows:
         v = rows["vmmalloc"]
-        check(v["frees_kept_from_others_per_free"] > 0.05,
+        check(v["frees_kept_from_others_per_free"] > 0,
               f"handoff --exchange: frees kept from other caches {v['frees_kept_from_others_per_free']}")
         check(v["cache_hits_per_malloc"] > 0.2, f"handoff --exchange: cache hits {v['cache_hits_per_malloc']}")
     p = run([bench, "handoff", "--pairs", "0"])
