@@ -578,6 +578,115 @@ static int f_sim_cost(const vmm_config *c, char *b, size_t n)
     return w + snprintf(b + off, n - off, "]");
 }
 
+/* ---- sim_cost_file: a JSON file with "sim_cost_table": [["kind", size_bytes, ns], ...] ------------
+ * (tools/gpu-check writes it as costs.json). Only that array is read, with a scanner for exactly
+ * that shape: the file's other members may be anything. Size 0 sets the kind's flat cost (as
+ * sim_cost_ns does); other sizes are cost points (driver.h, vmm_sim_options). */
+static const char *json_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+static int cost_table_parse(vmm_sim_options *o, const char *key, const char *path, const char *text)
+{
+    const char *p = strstr(text, "\"sim_cost_table\"");
+    if (!p)
+        return vmm_fail(VMM_ECONFIG, "config key '%s': %s has no \"sim_cost_table\" member", key, path);
+    p = json_ws(p + strlen("\"sim_cost_table\""));
+    if (*p != ':' || *(p = json_ws(p + 1)) != '[')
+        return vmm_fail(VMM_ECONFIG, "config key '%s': %s: \"sim_cost_table\" is not an array", key, path);
+    o->n_cost_points = 0;
+    p = json_ws(p + 1);
+    while (*p != ']') {
+        char name[64];
+        size_t n = 0;
+        unsigned long long size, ns;
+        int used = 0;
+        if (*p != '[' || *(p = json_ws(p + 1)) != '"')
+            goto bad;
+        for (p++; *p && *p != '"' && n + 1 < sizeof name; p++)
+            name[n++] = *p;
+        name[n] = 0;
+        if (*p != '"' || *(p = json_ws(p + 1)) != ',')
+            goto bad;
+        p = json_ws(p + 1);
+        if (sscanf(p, "%llu%n", &size, &used) != 1 || *p == '-')
+            goto bad;
+        if (*(p = json_ws(p + used)) != ',')
+            goto bad;
+        p = json_ws(p + 1);
+        if (sscanf(p, "%llu%n", &ns, &used) != 1 || *p == '-')
+            goto bad;
+        if (*(p = json_ws(p + used)) != ']')
+            goto bad;
+        int kind = call_kind_from_token((token){name, n});
+        if (kind < 0)
+            return vmm_fail(VMM_ECONFIG, "config key '%s': %s: unknown call kind '%s'", key, path, name);
+        if (size == 0) {
+            o->cost_ns[kind] = ns;
+        } else {
+            if (o->n_cost_points == VMM_SIM_COST_POINTS_MAX)
+                return vmm_fail(VMM_ECONFIG, "config key '%s': %s: more than %d sized costs", key, path,
+                                VMM_SIM_COST_POINTS_MAX);
+            o->cost_points[o->n_cost_points++] = (struct vmm_sim_cost_point){kind, size, ns};
+        }
+        p = json_ws(p + 1);
+        if (*p == ',')
+            p = json_ws(p + 1);
+        else if (*p != ']')
+            goto bad;
+    }
+    return VMM_OK;
+bad:
+    return vmm_fail(VMM_ECONFIG,
+                    "config key '%s': %s: \"sim_cost_table\" must hold [\"kind\", size_bytes, nanoseconds] "
+                    "items; bad item at byte %ld",
+                    key, path, (long)(p - text));
+}
+
+static int p_sim_cost_file(vmm_config *c, const char *key, token v)
+{
+    char path[VMM_SIM_COST_FILE_MAX];
+    if (token_eq(v, "none")) { /* back to cost_ns alone (what vmm_config_format prints by default) */
+        c->sim.n_cost_points = 0;
+        c->sim.cost_file[0] = 0;
+        return VMM_OK;
+    }
+    if (v.len == 0 || v.len >= sizeof path)
+        return bad_value(key, v, "a file path (no commas) shorter than 256 bytes");
+    memcpy(path, v.s, v.len);
+    path[v.len] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return vmm_fail(VMM_ECONFIG, "config key '%s': cannot open %s: %s", key, path, strerror(errno));
+    enum { MAX_BYTES = 4 << 20 }; /* a cost table is a few KiB; this bounds a wrong file */
+    char *text = malloc(MAX_BYTES + 1);
+    size_t n = text ? fread(text, 1, MAX_BYTES + 1, f) : 0;
+    fclose(f);
+    if (!text)
+        return vmm_fail(VMM_ENOMEM, "config key '%s': no memory to read %s", key, path);
+    if (n > MAX_BYTES) {
+        free(text);
+        return vmm_fail(VMM_ECONFIG, "config key '%s': %s is over 4 MiB: not a cost table", key, path);
+    }
+    text[n] = 0;
+    /* into a copy: a bad file leaves the configuration as it was */
+    vmm_sim_options o = c->sim;
+    int rc = cost_table_parse(&o, key, path, text);
+    free(text);
+    if (rc != VMM_OK)
+        return rc;
+    memcpy(o.cost_file, path, v.len + 1);
+    c->sim = o;
+    return VMM_OK;
+}
+static int f_sim_cost_file(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->sim.cost_file[0] ? c->sim.cost_file : "none");
+}
+
 static int p_sim_fault_kind(vmm_config *c, const char *key, token v)
 {
     int kind;
@@ -667,6 +776,8 @@ static const option_desc options[] = {
      "add modeled driver-call costs to sim.driver_time_ns (default true)"},
     {"sim_cost_ns", p_sim_cost, f_sim_cost,
      "override modeled costs, [kind:ns,...] (defaults from measured CUDA costs; see docs)"},
+    {"sim_cost_file", p_sim_cost_file, f_sim_cost_file,
+     "JSON file whose \"sim_cost_table\" ([kind, size_bytes, ns] items; size 0: flat) sets modeled costs, by size where sized, e.g. the costs.json of tools/gpu-check (default none: the built-in model)"},
     {"sim_real_time_create", p_sim_rt_create, f_sim_rt_create,
      "true: each mem_create also takes its modeled cost in real time (a sleep, no lock held), for concurrency tests (default false)"},
     {"sim_real_time", p_sim_rt, f_sim_rt,

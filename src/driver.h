@@ -230,6 +230,8 @@ struct vmm_driver {
     int is_sim;
 };
 
+enum { VMM_SIM_COST_POINTS_MAX = 128, VMM_SIM_COST_FILE_MAX = 256 };
+
 /* Options of the simulated device (set from the sim_* config keys). */
 typedef struct vmm_sim_options {
     size_t capacity;         /* bytes; default 80 GiB */
@@ -240,6 +242,17 @@ typedef struct vmm_sim_options {
     int real_time_create;    /* 1: mem_create sleeps its modeled cost, outside the device lock */
     int real_time;           /* 1: every call does (mem_create included) */
     uint64_t cost_ns[VMM_SIM_CALL_COUNT]; /* modeled cost per call kind, nanoseconds */
+    /* Costs by size (sim_cost_file, a table tools/gpu-check measures): a call of a kind that has
+     * points here costs, for its size in bytes (the handle's, range's or allocation's), the linear
+     * interpolation between the points around it, the first point's below it and the last two's
+     * line above the last (never less than the last); other kinds cost cost_ns[kind]. Only
+     * driver_time_ns follows them: the real-time sleeps keep cost_ns. */
+    struct vmm_sim_cost_point {
+        int kind;
+        uint64_t size, ns;
+    } cost_points[VMM_SIM_COST_POINTS_MAX];
+    int n_cost_points;
+    char cost_file[VMM_SIM_COST_FILE_MAX]; /* the file they came from, "" for none */
     int fail_kind;           /* -2: none; -1 all kinds; else a VMM_SIM_CALL_* with fail_p */
     double fail_p;
     uint64_t fail_seed;
@@ -247,6 +260,9 @@ typedef struct vmm_sim_options {
 
 /* drv_sim.c */
 void vmm_sim_default_options(vmm_sim_options *o);
+/* The modeled cost in nanoseconds of one call of `kind` on `size` bytes under options o (the
+ * cost_points of that kind, else cost_ns[kind]). */
+uint64_t vmm_sim_cost_of(const vmm_sim_options *o, int kind, uint64_t size);
 int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
 int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
 int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);

@@ -115,6 +115,41 @@ void vmm_sim_default_options(vmm_sim_options *o)
     o->fail_seed = 0;
 }
 
+uint64_t vmm_sim_cost_of(const vmm_sim_options *o, int kind, uint64_t size)
+{
+    /* the two points of this kind around size (lo: largest at or below, hi: smallest above), and
+     * the two largest for sizes past the table */
+    const struct vmm_sim_cost_point *lo = NULL, *hi = NULL, *last = NULL, *prev = NULL;
+    for (int i = 0; i < o->n_cost_points; i++) {
+        const struct vmm_sim_cost_point *q = &o->cost_points[i];
+        if (q->kind != kind)
+            continue;
+        if (q->size <= size && (!lo || q->size > lo->size))
+            lo = q;
+        if (q->size > size && (!hi || q->size < hi->size))
+            hi = q;
+        if (!last || q->size > last->size) {
+            prev = last;
+            last = q;
+        } else if (!prev || q->size > prev->size) {
+            prev = q;
+        }
+    }
+    if (!last)
+        return o->cost_ns[kind];
+    if (!lo)
+        return hi->ns; /* below the table: its first point */
+    if (hi) {
+        double f = (double)(size - lo->size) / (double)(hi->size - lo->size);
+        return (uint64_t)((double)lo->ns + f * ((double)hi->ns - (double)lo->ns) + 0.5);
+    }
+    if (!prev || last->size == prev->size)
+        return last->ns;
+    double slope = ((double)last->ns - (double)prev->ns) / (double)(last->size - prev->size);
+    double x = (double)last->ns + slope * (double)(size - last->size);
+    return x > (double)last->ns ? (uint64_t)(x + 0.5) : last->ns;
+}
+
 static const char *const sim_call_names[VMM_SIM_CALL_COUNT] = {
 #define SIM_CALL_NAME_(name, str) [VMM_SIM_CALL_##name] = str,
     VMM_SIM_CALL_MAP(SIM_CALL_NAME_)
@@ -505,6 +540,16 @@ static int call_begin_locked(sim_device *d, int kind)
     return fail ? injected_result(kind) : 0;
 }
 
+/* A call of a size-costed kind (mu held, after call_begin_locked charged cost_ns[kind]): charge
+ * its sized cost instead. */
+static void charge_size_locked(sim_device *d, int kind, uint64_t size)
+{
+    if (d->opt.cost_model && d->opt.n_cost_points) {
+        d->driver_time_ns -= d->opt.cost_ns[kind];
+        d->driver_time_ns += vmm_sim_cost_of(&d->opt, kind, size);
+    }
+}
+
 /* Record the result (mu held). NOT_READY is an answer, not a failure. */
 static int call_end_locked(sim_device *d, int kind, int r)
 {
@@ -733,6 +778,7 @@ static int sim_va_reserve(vmm_driver *drv, size_t size, size_t alignment, uintpt
     int r = gated_begin(d, VMM_SIM_CALL_VA_RESERVE);
     if (!r)
         r = va_reserve_locked(d, size, alignment, va);
+    charge_size_locked(d, VMM_SIM_CALL_VA_RESERVE, size);
     return gated_end(d, VMM_SIM_CALL_VA_RESERVE, r);
 }
 
@@ -762,6 +808,7 @@ static int sim_va_free(vmm_driver *drv, uintptr_t va, size_t size)
     int r = gated_begin(d, VMM_SIM_CALL_VA_FREE);
     if (!r)
         r = va_free_locked(d, va, size);
+    charge_size_locked(d, VMM_SIM_CALL_VA_FREE, size);
     return gated_end(d, VMM_SIM_CALL_VA_FREE, r);
 }
 
@@ -818,6 +865,7 @@ static int sim_mem_create(vmm_driver *drv, size_t size, vmm_phys *out)
         r = gate;
     if (!r)
         r = mem_create_locked(d, size, out);
+    charge_size_locked(d, VMM_SIM_CALL_MEM_CREATE, size);
     call_end_locked(d, VMM_SIM_CALL_MEM_CREATE, r);
     pthread_mutex_unlock(&d->mu);
     atomic_fetch_sub(&d->creates_in_flight, 1);
@@ -856,6 +904,9 @@ static int sim_mem_release(vmm_driver *drv, vmm_phys h)
 {
     sim_device *d = dev_of(drv);
     int r = gated_begin(d, VMM_SIM_CALL_MEM_RELEASE);
+    sim_phys *p = hmap_get(&d->handles, h);
+    if (p)
+        charge_size_locked(d, VMM_SIM_CALL_MEM_RELEASE, p->size);
     if (!r)
         r = mem_release_locked(d, h);
     return gated_end(d, VMM_SIM_CALL_MEM_RELEASE, r);
@@ -904,6 +955,7 @@ static int sim_mem_map(vmm_driver *drv, uintptr_t va, size_t size, size_t offset
     int r = gated_begin(d, VMM_SIM_CALL_MEM_MAP);
     if (!r)
         r = mem_map_locked(d, va, size, offset, h);
+    charge_size_locked(d, VMM_SIM_CALL_MEM_MAP, size);
     return gated_end(d, VMM_SIM_CALL_MEM_MAP, r);
 }
 
@@ -948,6 +1000,7 @@ static int sim_mem_unmap(vmm_driver *drv, uintptr_t va, size_t size)
     int r = gated_begin(d, VMM_SIM_CALL_MEM_UNMAP);
     if (!r)
         r = mem_unmap_locked(d, va, size);
+    charge_size_locked(d, VMM_SIM_CALL_MEM_UNMAP, size);
     return gated_end(d, VMM_SIM_CALL_MEM_UNMAP, r);
 }
 
@@ -986,6 +1039,7 @@ static int sim_set_access(vmm_driver *drv, uintptr_t va, size_t size)
     int r = gated_begin(d, VMM_SIM_CALL_SET_ACCESS);
     if (!r)
         r = set_access_locked(d, va, size);
+    charge_size_locked(d, VMM_SIM_CALL_SET_ACCESS, size);
     return gated_end(d, VMM_SIM_CALL_SET_ACCESS, r);
 }
 
@@ -1028,6 +1082,7 @@ static int sim_mem_alloc(vmm_driver *drv, size_t size, uintptr_t *out)
     int r = gated_begin(d, VMM_SIM_CALL_MEM_ALLOC);
     if (!r)
         r = mem_alloc_locked(d, size, out);
+    charge_size_locked(d, VMM_SIM_CALL_MEM_ALLOC, size);
     return gated_end(d, VMM_SIM_CALL_MEM_ALLOC, r);
 }
 
@@ -1052,6 +1107,8 @@ static int sim_mem_free(vmm_driver *drv, uintptr_t ptr)
         c = hmap_del(&d->classic, ptr);
         if (!c)
             r = VMM_DRV_INVALID_VALUE;
+        else
+            charge_size_locked(d, VMM_SIM_CALL_MEM_FREE, c->size);
     }
     call_end_locked(d, VMM_SIM_CALL_MEM_FREE, r);
     if (c)
