@@ -99,6 +99,7 @@ typedef struct bench_replay_opts {
     uint64_t sample_every;   /* 0: no timeline; else record allocated/reserved every n events */
     uint64_t check_every;    /* 0: never; else vmm_check every n events and at the end */
     int progress;
+    int cuda;                /* 1: the real device (driver:cuda; capacity is the device's), no sim counters */
 } bench_replay_opts;
 
 typedef struct bench_replay_result {
@@ -111,7 +112,8 @@ typedef struct bench_replay_result {
     uint64_t calls[VMM_SIM_CALL_COUNT]; /* driver calls during the replay, by kind */
     uint64_t device_syncs, stream_syncs, event_syncs;
     int64_t num_sync_all_streams, num_event_waits, num_alloc_retries, num_pages_remapped;
-    uint64_t driver_time_ns; /* modeled by the sim */
+    uint64_t driver_time_ns; /* modeled by the sim (0 on driver:cuda: not modeled) */
+    int64_t num_device_alloc, num_device_free, num_pages_mapped, num_pages_unmapped; /* vmm_stats */
     uint64_t host_time_ns;   /* wall time inside the allocator calls' loop */
     int64_t min_capacity;    /* -1: not measured; 0: none found up to --capacity */
     char first_oom[512];     /* the first OOM message */

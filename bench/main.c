@@ -4,7 +4,7 @@
  *
  *   vmm-bench replay FILE [--capacity SIZE] [--min-capacity] [--json] [--plot OUT.svg]
  *                         [--mode both|expandable|classic] [--conf K:V,...] [--handles] [--check N]
- *                         [--no-progress]
+ *                         [--no-progress] [--driver sim|cuda]
  *   vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--ring-passes N] [--quick]
  *                     [--json]
  *   vmm-bench scale [--max-events N] [--json]
@@ -39,6 +39,9 @@ static void usage(FILE *f)
             "      --min-capacity    also bisect the smallest capacity that completes without OOM\n"
             "      --mode M          both (default), expandable or classic\n"
             "      --conf K:V,...    extra allocator configuration for both modes\n"
+            "      --driver cuda     the real GPU instead of the simulator (with --json; the\n"
+            "                        device's memory is the capacity; driver_time_ns is 0: not\n"
+            "                        modeled; host_time_ns includes the driver's time)\n"
             "      --handles         expandable mode three times, side by side: fixed 2 MiB handles\n"
             "                        (max_handle_size:2M), fixed 20 MiB pages (large_page_size:20M)\n"
             "                        and handles sized by need (the default; --conf applies to all)\n"
@@ -110,6 +113,8 @@ static void json_escape(char *out, size_t len, const char *s)
     out[o] = 0;
 }
 
+static int cuda_replay; /* replay --driver cuda */
+
 static void print_json(const bench_trace *t, const char *path, const bench_replay_result *r)
 {
     char name[512];
@@ -119,7 +124,7 @@ static void print_json(const bench_trace *t, const char *path, const bench_repla
            "\"peak_reserved_bytes\":%lld,\"reserved_over_allocated\":%.6f,\"ooms\":%llu,"
            "\"fragmentation_ooms\":%llu,\"device_syncs\":%llu,\"stream_syncs\":%llu,\"event_syncs\":%llu,"
            "\"num_sync_all_streams\":%lld,\"num_event_waits\":%lld,\"num_alloc_retries\":%lld,"
-           "\"num_pages_remapped\":%lld,\"driver_time_ns\":%llu,\"host_time_ns\":%llu,\"driver_calls\":{",
+           "\"num_pages_remapped\":%lld,\"driver_time_ns\":%llu,\"host_time_ns\":%llu,",
            r->mode, name, t->format, (unsigned long long)r->events, t->n_ids,
            (unsigned long long)r->capacity, (unsigned long long)t->peak_live, (long long)r->peak_allocated,
            (long long)r->peak_reserved, ratio(r), (unsigned long long)r->ooms,
@@ -128,6 +133,11 @@ static void print_json(const bench_trace *t, const char *path, const bench_repla
            (long long)r->num_sync_all_streams, (long long)r->num_event_waits,
            (long long)r->num_alloc_retries, (long long)r->num_pages_remapped,
            (unsigned long long)r->driver_time_ns, (unsigned long long)r->host_time_ns);
+    printf("\"driver\":\"%s\",\"num_device_alloc\":%lld,\"num_device_free\":%lld,\"num_pages_mapped\":%lld,"
+           "\"num_pages_unmapped\":%lld,",
+           cuda_replay ? "cuda" : "sim", (long long)r->num_device_alloc, (long long)r->num_device_free,
+           (long long)r->num_pages_mapped, (long long)r->num_pages_unmapped);
+    printf("\"driver_calls\":{");
     int first = 1;
     for (int k = 0; k < VMM_SIM_CALL_COUNT; k++)
         if (r->calls[k]) {
@@ -374,7 +384,12 @@ static int cmd_replay(int argc, char **argv)
             plot_out = argv[++i];
         else if (!strcmp(a, "--conf") && more)
             conf = argv[++i];
-        else if (!strcmp(a, "--mode") && more) {
+        else if (!strcmp(a, "--driver") && more) {
+            const char *d = argv[++i];
+            if (strcmp(d, "sim") && strcmp(d, "cuda"))
+                return bad_usage("bad --driver (sim, cuda)", d);
+            cuda_replay = !strcmp(d, "cuda");
+        } else if (!strcmp(a, "--mode") && more) {
             mode = argv[++i];
             if (strcmp(mode, "both") && strcmp(mode, "expandable") && strcmp(mode, "classic"))
                 return bad_usage("bad --mode (both, expandable, classic)", mode);
@@ -390,6 +405,8 @@ static int cmd_replay(int argc, char **argv)
     }
     if (!path)
         return bad_usage("replay needs a trace file", NULL);
+    if (cuda_replay && (!json || min_cap || plot_out))
+        return bad_usage("--driver cuda goes with --json, without --min-capacity or --plot", NULL);
     bench_progress_enable(progress);
 
     bench_trace t;
@@ -421,7 +438,7 @@ static int cmd_replay(int argc, char **argv)
         }
         bench_replay_opts o = {.expandable = expandable, .capacity = capacity, .extra_conf = c,
                                .sample_every = every, .check_every = check_every,
-                               .progress = t.n > 200000};
+                               .progress = t.n > 200000, .cuda = cuda_replay};
         rc = bench_replay(&t, &o, &r[n]);
         if (handles)
             r[n].mode = hname[m];

@@ -12,9 +12,13 @@ enum { PROGRESS_STRIDE = 1 << 14 /* events between progress-bar updates: cheap, 
 static int make_allocator(const bench_replay_opts *o, uint64_t capacity, vmm_allocator **a)
 {
     char conf[1024];
-    snprintf(conf, sizeof conf, "driver:sim,sim_backed:false,sim_capacity:%llu,expandable_segments:%s%s%s",
-             (unsigned long long)capacity, o->expandable ? "true" : "false",
-             o->extra_conf && *o->extra_conf ? "," : "", o->extra_conf ? o->extra_conf : "");
+    if (o->cuda) /* the real device: its memory is the capacity */
+        snprintf(conf, sizeof conf, "driver:cuda,expandable_segments:%s%s%s", o->expandable ? "true" : "false",
+                 o->extra_conf && *o->extra_conf ? "," : "", o->extra_conf ? o->extra_conf : "");
+    else
+        snprintf(conf, sizeof conf, "driver:sim,sim_backed:false,sim_capacity:%llu,expandable_segments:%s%s%s",
+                 (unsigned long long)capacity, o->expandable ? "true" : "false",
+                 o->extra_conf && *o->extra_conf ? "," : "", o->extra_conf ? o->extra_conf : "");
     int rc = vmm_create(conf, a);
     if (rc != VMM_OK)
         fprintf(stderr, "vmm-bench: vmm_create(\"%s\"): %s: %s\n", conf, vmm_strerror(rc),
@@ -153,6 +157,8 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
     }
     /* What the device did before the replay (create, streams) is not the trace's cost. */
     vmm_sim_counters c0, c1;
+    memset(&c0, 0, sizeof c0); /* driver:cuda has no sim counters: all zero there */
+    memset(&c1, 0, sizeof c1);
     vmm_sim_get_counters(a, &c0);
 
     uint64_t host = 0, t0 = bench_now_ns();
@@ -239,6 +245,10 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
     r->num_event_waits = st.num_event_waits;
     r->num_alloc_retries = st.num_alloc_retries;
     r->num_pages_remapped = st.num_pages_remapped;
+    r->num_device_alloc = st.num_device_alloc;
+    r->num_device_free = st.num_device_free;
+    r->num_pages_mapped = st.num_pages_mapped;
+    r->num_pages_unmapped = st.num_pages_unmapped;
     for (int k = 0; k < VMM_SIM_CALL_COUNT; k++)
         r->calls[k] = c1.calls[k] - c0.calls[k];
     r->device_syncs = c1.device_syncs - c0.device_syncs;
