@@ -15,6 +15,22 @@
  * and frees what the other passed it (forward and backward threads that both allocate and free
  * each other's tensors). A pair is still one malloc and its free; both threads' pairs count.
  */
+#ifndef VMM_HAVE_JEMALLOC
+/* Built without jemalloc (configured with -DVMM_REQUIRE_JEMALLOC=OFF, as tools/gpu-check does on a
+ * machine without it): this bench measures against it, so it says so and does not run. */
+#include <stdio.h>
+
+#include "bench.h"
+
+int bench_handoff(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "vmm-bench: built without jemalloc (VMM_REQUIRE_JEMALLOC=OFF): handoff compares against it, "
+                    "so it does not run\n");
+    return BENCH_EXIT_FAIL;
+}
+#else
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -363,3 +379,4 @@ int bench_handoff(int argc, char **argv)
     free(sizes);
     return rc;
 }
+#endif /* VMM_HAVE_JEMALLOC */

@@ -18,6 +18,21 @@
  */
 #include <dlfcn.h>
 #include <gnu/libc-version.h>
+#ifndef VMM_HAVE_JEMALLOC
+/* Built without jemalloc (configured with -DVMM_REQUIRE_JEMALLOC=OFF, as tools/gpu-check does on a
+ * machine without it): this bench measures against it, so it says so and does not run. */
+#include <stdio.h>
+
+#include "bench.h"
+
+int bench_latency(const bench_latency_opts *o)
+{
+    (void)o;
+    fprintf(stderr, "vmm-bench: built without jemalloc (VMM_REQUIRE_JEMALLOC=OFF): latency compares against it, "
+                    "so it does not run\n");
+    return BENCH_EXIT_FAIL;
+}
+#else
 #include <jemalloc/jemalloc.h>
 #include <math.h>
 #include <pthread.h>
@@ -642,3 +657,4 @@ int bench_latency(const bench_latency_opts *o)
     }
     return BENCH_EXIT_OK;
 }
+#endif /* VMM_HAVE_JEMALLOC */

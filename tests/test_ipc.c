@@ -400,7 +400,9 @@ int main(int argc, char **argv)
     run_pair();
     vmm_test_check_no_sim_leaks();
 #ifdef VMM_HAVE_CUDA_H
-    if (getenv("VMM_EXPECT_CUDA_DOUBLE")) {
+    /* the cuda driver part: on the double (its _double test), or on a real GPU when asked
+     * (VMM_TEST_ON_CUDA=1: tools/gpu-check's features phase) */
+    if (getenv("VMM_EXPECT_CUDA_DOUBLE") || getenv("VMM_TEST_ON_CUDA")) {
         /* each process opens the driver itself: nothing of it is loaded yet here */
         on_cuda = 1;
         setenv("CUDADOUBLE_CAPACITY_MB", "1024", 1);

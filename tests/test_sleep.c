@@ -510,7 +510,9 @@ int main(int argc, char **argv)
     touch_faults();
     vmm_test_check_no_sim_leaks();
 #ifdef VMM_HAVE_CUDA_H
-    if (getenv("VMM_EXPECT_CUDA_DOUBLE")) {
+    /* the cuda driver part: on the double (its _double test), or on a real GPU when asked
+     * (VMM_TEST_ON_CUDA=1: tools/gpu-check's features phase) */
+    if (getenv("VMM_EXPECT_CUDA_DOUBLE") || getenv("VMM_TEST_ON_CUDA")) {
         vmm_driver *d = NULL;
         char msg[256];
         int r = vmm_driver_cuda_open(0, &d, msg, sizeof msg);

@@ -2,7 +2,9 @@
  * vmm-gpu-probe: what the CUDA driver of this machine does and what its virtual memory calls cost,
  * as one JSON object on stdout (tools/gpu-check turns it into report.md and costs.json).
  *
- *   vmm-gpu-probe [--quick] [--max-size SIZE_MiB] [--iters N] [--seconds S]
+ *   vmm-gpu-probe [--facts | --costs] [--quick] [--max-size SIZE_MiB] [--iters N] [--seconds S]
+ *
+ * --facts: the facts only; --costs: the costs only (with the versions, device and granularities).
  *
  * Facts: versions, device, VMM attributes, granularities (plain / POSIX fd / RDMA flag), cuMemMap at
  * a nonzero offset (and the data seen through both mappings), one cuMemSetAccess over several
@@ -717,8 +719,13 @@ int main(int argc, char **argv)
 {
     size_t max_size = 1024 * MiB;
     double seconds = 90;
+    int facts = 1, costs = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) {
+        if (!strcmp(argv[i], "--facts")) {
+            costs = 0;
+        } else if (!strcmp(argv[i], "--costs")) {
+            facts = 0;
+        } else if (!strcmp(argv[i], "--quick")) {
             max_size = 32 * MiB;
             iters = 5;
             seconds = 20;
@@ -729,7 +736,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
             seconds = atof(argv[++i]);
         } else {
-            fprintf(stderr, "usage: vmm-gpu-probe [--quick] [--max-size MiB] [--iters N] [--seconds S]\n");
+            fprintf(stderr, "usage: vmm-gpu-probe [--facts | --costs] [--quick] [--max-size MiB] [--iters N] [--seconds S]\n");
             return 2;
         }
     }
@@ -796,14 +803,23 @@ int main(int argc, char **argv)
         printf("}\n");
         return 1;
     }
-    fact_offset_map();
-    fact_access_span();
-    fact_largest_reserve();
-    fact_zero_fill();
-    fact_mem_get_info();
-    fact_rdma(rdma);
-    fact_posix_fd(fd);
+    if (facts) {
+        fact_offset_map();
+        fact_access_span();
+        fact_largest_reserve();
+        fact_zero_fill();
+        fact_mem_get_info();
+        fact_rdma(rdma);
+        fact_posix_fd(fd);
+    }
     close_obj();
+    if (!costs) {
+        kv_int("elapsed_ms", (long long)((now_ns() - t_start) / 1000000u));
+        printf("}\n");
+        cu.CtxSetCurrent(NULL);
+        cu.PrimaryCtxRelease(dev);
+        return 0;
+    }
 
     open_obj("costs");
     kv_int("iters", iters);
