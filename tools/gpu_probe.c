@@ -257,6 +257,10 @@ static CUmemAllocationProp prop_of(int fd, int rdma)
 
 static size_t gran_min;
 
+/* Handle and allocation sizes measured: 2 MiB (today's granularity) to 1 GiB, x4 steps and 1 GiB. */
+static const size_t cost_sizes[] = {2 * MiB, 8 * MiB, 32 * MiB, 128 * MiB, 512 * MiB, 1024 * MiB};
+enum { N_COST_SIZES = sizeof cost_sizes / sizeof cost_sizes[0] };
+
 /* Reserve, map a new handle of `size`, grant access. 0 on success (then *va, *h live). */
 static CUresult map_new(size_t size, const CUmemAllocationProp *p, CUdeviceptr *va, CUmemGenericAllocationHandle *h)
 {
@@ -578,7 +582,8 @@ static void cost_by_size(size_t max_size)
     key("by_handle_size");
     printf("[");
     int firstsz = 1;
-    for (size_t s = 2 * MiB; s <= max_size; s *= 4) {
+    for (int si = 0; si < N_COST_SIZES && cost_sizes[si] <= max_size; si++) {
+        size_t s = cost_sizes[si];
         if (s % gran_min)
             continue;
         samples *sm = calloc(NK, sizeof *sm);
@@ -667,7 +672,8 @@ static void cost_classic(size_t max_size)
     key("mem_alloc_by_size");
     printf("[");
     int firsts = 1;
-    for (size_t s = 2 * MiB; s <= max_size; s *= 4) {
+    for (int si = 0; si < N_COST_SIZES && cost_sizes[si] <= max_size; si++) {
+        size_t s = cost_sizes[si];
         samples a, f;
         memset(&a, 0, sizeof a);
         memset(&f, 0, sizeof f);
