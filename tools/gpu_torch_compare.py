@@ -69,7 +69,11 @@ def build_model(torch, quick):
     cfg = LlamaConfig(vocab_size=32000, hidden_size=512 if quick else 1024,
                       intermediate_size=1408 if quick else 2816, num_hidden_layers=4 if quick else 8,
                       num_attention_heads=8 if quick else 16, num_key_value_heads=8 if quick else 16,
-                      max_position_embeddings=max(SEQ_LENS), attn_implementation="eager")
+                      max_position_embeddings=max(SEQ_LENS))
+    try:  # plain matmul attention: the same kernels whatever the allocator (the setter varies by version)
+        cfg._attn_implementation = "eager"
+    except (AttributeError, ValueError):
+        pass
     torch.manual_seed(1234)
     model = LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16)
     model.config.use_cache = False
