@@ -135,12 +135,16 @@ def snapshot_all(include_traces=True, pool_id=None):
     result = {"segments": [], "device_traces": []}
     for d in _devices_in_use():
         s = _v.snapshot(device=d)
-        result["segments"].extend(s.get("segments", []))
+        # one allocator's snapshot: its segments, and its trace as the last list of device_traces
+        # (at the driver's ordinal, which a simulated device gives as 0); both go under d
+        for seg in s.get("segments", []):
+            seg["device"] = d
+            result["segments"].append(seg)
         traces = s.get("device_traces", [])
         while len(result["device_traces"]) <= d:
             result["device_traces"].append([])
-        if len(traces) > d:
-            result["device_traces"][d] = traces[d] if include_traces else []
+        if traces and include_traces:
+            result["device_traces"][d] = traces[-1]
         for k, v in s.items():
             if k not in result:
                 result[k] = v
