@@ -446,6 +446,14 @@ def real_torch_checks():
         check(any(b["state"] == "active_allocated" for s in segs for b in s["blocks"]),
               "real memory_snapshot(): segments with the live block")
         lib.vmm_torch_free(q, 1000, 0, None)
+        # the out-of-memory shim built against this torch's headers and libc10, as install() builds it
+        from vmmalloc import _cxx  # noqa: PLC0415
+        path, with_torch = _cxx.build("torch_alloc.cpp", use_torch=True)
+        check(with_torch and "-torch-" in os.path.basename(path), "shim built with torch's headers: %s" % path)
+        shim = ctypes.CDLL(path)
+        shim.vmm_torch_alloc_raises_c10.restype = ctypes.c_int
+        check(shim.vmm_torch_alloc_raises_c10() == 1, "and it raises c10::OutOfMemoryError")
+        check(_cxx.build("torch_alloc.cpp", use_torch=True) == (path, True), "cached: built once")
     finally:
         tm.unpatch()
         mem.is_initialized = saved_init

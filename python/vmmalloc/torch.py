@@ -134,9 +134,9 @@ def install(conf=None, lib_path=None, graphs="auto", oom="auto", memory_api=True
     set, refuses capture with a clear error instead; "hooks" raises RuntimeError when they cannot
     be set; "refuse" never builds them and refuses capture. vmmalloc.graphs.status() says which.
     oom: "auto" (default): out of memory raises torch.OutOfMemoryError carrying vmmalloc's report,
-    through the C++ shim csrc/torch_alloc.cpp (built once with torch.utils.cpp_extension; without
-    torch's headers it raises RuntimeError("CUDA out of memory. ..."), and when it cannot be built
-    at all PyTorch gets NULL, with a warning); "raise": RuntimeError from install() when the shim
+    through the C++ shim csrc/torch_alloc.cpp (built once with the C++ compiler against torch's
+    headers and libc10, cached in ~/.cache/vmmalloc; without them it raises RuntimeError("CUDA out
+    of memory. ..."), and when it cannot be built at all PyTorch gets NULL, with a warning); "raise": RuntimeError from install() when the shim
     cannot be had; "null": no shim, NULL as before. status()["oom"] says which.
     memory_api: True (default) wires torch.cuda's memory functions (memory_stats, memory_allocated,
     max_memory_*, memory_summary, reset_peak_memory_stats, _record_memory_history, _snapshot,

@@ -7,8 +7,9 @@
 // pytorch#133280). This file wraps libvmmalloc's vmm_torch_malloc: on failure it throws
 //   - c10::OutOfMemoryError (Python: torch.OutOfMemoryError, torch.cuda.OutOfMemoryError) for
 //     VMM_ENOMEM, with "CUDA out of memory. " and vmmalloc's report as the message, when built
-//     against the running torch's headers (torch.utils.cpp_extension: VMM_WITH_C10 and
-//     <c10/util/Exception.h>): the same exception PyTorch's own caching allocator throws;
+//     against the running torch's headers and libc10 (python/vmmalloc/_cxx.py: VMM_WITH_C10, the
+//     include and library paths torch.utils.cpp_extension reports, torch's C++ ABI flag): the same
+//     exception PyTorch's own caching allocator throws;
 //   - c10::Error (RuntimeError) for other failures (a refused graph capture, a driver error);
 //   - std::runtime_error (RuntimeError) for both when built without torch's headers (the plain
 //     compiler fallback): still an exception, never a null tensor.
