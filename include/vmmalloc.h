@@ -427,9 +427,10 @@ VMM_API int vmm_pinned_stats_json(vmm_allocator *a, char *buf, size_t len);
  * allocator per device is created on first use from VMMALLOC_CONF, then the conf given to
  * vmm_torch_configure, then "device:N" (the driver defaults to cuda).
  *
- * PyTorch reaches only malloc and free through that path; memory_stats, empty_cache,
- * record_stream and the OOM text are reached through the vmm_torch_* helpers below, which the
- * Python package calls with ctypes. With the graph hooks set on the pluggable allocator
+ * PyTorch reaches only malloc and free through that path (and the hooks set on it); torch.cuda's
+ * memory functions (memory_stats, reset_*, _record_memory_history, _snapshot, the memory fraction)
+ * reach vmmalloc through the vmm_torch_* helpers below, which the Python package calls with ctypes
+ * from the torch._C entry points it replaces (docs/pytorch.md). With the graph hooks set on the pluggable allocator
  * (python/vmmalloc/graphs.py and its C++ shim), PyTorch also calls vmm_torch_record_stream,
  * vmm_torch_empty_cache and the pool entry points below itself (CUDA graphs). Failures of these entry points are kept process wide (not per
  * thread, since Python may ask from another thread than the one that allocated): see

@@ -1,5 +1,8 @@
-"""PyTorch integration: install vmmalloc as PyTorch's CUDA allocator and reach what the pluggable
-allocator path does not offer (memory_stats, empty_cache, record_stream, the OOM report).
+"""PyTorch integration: install vmmalloc as PyTorch's CUDA allocator, with torch.cuda's memory API
+(memory_stats & co., resets, _record_memory_history, _snapshot, the memory fraction) answered by
+vmmalloc (vmmalloc.torch_memory) and out of memory raised as torch.OutOfMemoryError
+(csrc/torch_alloc.cpp); plus vmmalloc's own views (memory_stats with its extra keys, the OOM report,
+record_stream, snapshots of one device).
 
 This module imports torch only inside the functions that need it, so ``import vmmalloc.torch``
 works on machines without PyTorch.
@@ -7,7 +10,7 @@ works on machines without PyTorch.
     import vmmalloc.torch
     vmmalloc.torch.install("expandable_segments:true")   # before the first CUDA allocation
     x = torch.empty(1 << 20, device="cuda")
-    print(vmmalloc.torch.memory_stats()["reserved_bytes.all.peak"])
+    print(torch.cuda.max_memory_reserved())               # answered by vmmalloc
 """
 
 import ctypes
