@@ -71,8 +71,13 @@ _originals = {}   # name -> PyTorch's function
 _state = {"torch": None, "patched": [], "missing": [], "rebound": 0}
 
 
+_declared = []  # the library whose entry points _lib() declared
+
+
 def _lib():
     lib = _v.load()
+    if _declared and _declared[0] is lib:
+        return lib
     c_int, c_size, c_double = ctypes.c_int, ctypes.c_size_t, ctypes.c_double
     sigs = {
         "vmm_torch_has_allocator": (c_int, [c_int]),
@@ -84,6 +89,7 @@ def _lib():
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
         f.restype, f.argtypes = res, args
+    _declared[:] = [lib]
     return lib
 
 
@@ -275,21 +281,27 @@ _REPLACEMENTS = {
 }
 
 
-def _rebind(old, new):
-    """Names bound to PyTorch's function elsewhere (``from torch._C import _cuda_memoryStats``
-    done before install): point them at the replacement. Returns how many were rebound."""
+def _rebind(swap):
+    """Names bound to one of PyTorch's functions elsewhere (``from torch._C import
+    _cuda_memoryStats`` done before install): point them at the replacement. swap: {id(old):
+    [(old, new, entry point name), ...]} (one replacement may serve two names: unpatch picks the
+    original of the name the module used); one pass over the modules' globals. Returns how many
+    were rebound."""
     n = 0
     for mod in list(sys.modules.values()):
         d = getattr(mod, "__dict__", None)
         if not isinstance(d, dict):
             continue
         for k, v in list(d.items()):
-            if v is old:
-                try:
-                    setattr(mod, k, new)
-                    n += 1
-                except (AttributeError, TypeError):
-                    pass
+            hits = swap.get(id(v))
+            if not hits or hits[0][0] is not v:
+                continue
+            new = next((h[1] for h in hits if h[2] == k), hits[0][1])
+            try:
+                setattr(mod, k, new)
+                n += 1
+            except (AttributeError, TypeError):
+                pass
     return n
 
 
@@ -305,7 +317,7 @@ def patch(torch):
                       "wired to vmmalloc (use vmmalloc.torch.memory_stats & co.)", RuntimeWarning, stacklevel=2)
         _state["missing"] = sorted(ENTRY_POINTS)
         return patched()
-    missing = []
+    missing, swap = [], {}
     for name, fn in _REPLACEMENTS.items():
         current = getattr(C, name, None)
         if current is None:
@@ -316,8 +328,9 @@ def patch(torch):
             continue
         _originals[name] = current
         setattr(C, name, fn)
-        _state["rebound"] += _rebind(current, fn)
+        swap.setdefault(id(current), []).append((current, fn, name))
         _state["patched"].append(name)
+    _state["rebound"] += _rebind(swap)
     _state["missing"] = missing
     if missing:
         version = getattr(torch, "__version__", "?")
@@ -332,13 +345,15 @@ def unpatch():
     """Put PyTorch's entry points back (tests; an install that failed after patching)."""
     torch = _state["torch"]
     C = getattr(torch, "_C", None)
+    swap = {}
     for name, fn in list(_originals.items()):
         if C is not None:
             mine = getattr(C, name, None)
             setattr(C, name, fn)
             if mine is not None:
-                _rebind(mine, fn)
+                swap.setdefault(id(mine), []).append((mine, fn, name))
         del _originals[name]
+    _rebind(swap)
     _state.update(patched=[], missing=[], rebound=0)
 
 
