@@ -205,7 +205,7 @@ def use(torch):
 
 
 # PyTorch's memory_stats keys (torch/csrc/cuda/Module.cpp's dict, flattened): 9 stat arrays by
-# pool and metric, 2 single stats by metric, 6 counters.
+# pool and metric, 2 single stats by metric, 6 counters, and num_oom_rejections of recent releases.
 ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
           "active_bytes", "inactive_split_bytes", "requested_bytes")
 TORCH_KEYS = sorted(["%s.%s.%s" % (a, p, m) for a in ARRAYS for p in ("all", "small_pool", "large_pool")
@@ -213,7 +213,7 @@ TORCH_KEYS = sorted(["%s.%s.%s" % (a, p, m) for a in ARRAYS for p in ("all", "sm
                     + ["%s.%s" % (s, m) for s in ("oversize_allocations", "oversize_segments")
                        for m in ("current", "peak", "allocated", "freed")]
                     + ["num_alloc_retries", "num_ooms", "max_split_size", "num_sync_all_streams",
-                       "num_device_alloc", "num_device_free"])
+                       "num_device_alloc", "num_device_free", "num_oom_rejections"])
 
 
 def standin_checks():
@@ -255,8 +255,9 @@ def standin_checks():
     stats0 = cuda.memory_stats(0)
     check(list(stats0) == TORCH_KEYS, "memory_stats(): exactly PyTorch's keys, sorted (%d vs %d)"
           % (len(stats0), len(TORCH_KEYS)))
-    check(all(stats0[k] == own0.get(k, -12345) for k in TORCH_KEYS),
-          "every value is vmmalloc's own: %r" % [k for k in TORCH_KEYS if stats0[k] != own0.get(k)])
+    theirs = [k for k in TORCH_KEYS if k != "num_oom_rejections"]
+    check(all(stats0[k] == own0.get(k, -12345) for k in theirs) and stats0["num_oom_rejections"] == 0,
+          "every value is vmmalloc's own: %r" % [k for k in theirs if stats0[k] != own0.get(k)])
     check(cuda.memory_allocated(0) == own0["allocated_bytes.all.current"] > (3 << 20) + (512 << 10),
           "memory_allocated(0) = vmmalloc's allocated_bytes.all.current")
     check(cuda.memory_allocated(1) == own1["allocated_bytes.all.current"] == 5 << 20,
@@ -426,7 +427,7 @@ def real_torch_checks():
         check(mem.memory_allocated(0) == own["allocated_bytes.all.current"], "real memory_allocated(0)")
         check(mem.max_memory_reserved(0) == own["reserved_bytes.all.peak"], "real max_memory_reserved(0)")
         stats = mem.memory_stats(0)
-        check(all(stats[k] == own[k] for k in TORCH_KEYS if k in stats) and "num_ooms" in stats,
+        check(all(stats[k] == own.get(k, 0) for k in TORCH_KEYS if k in stats) and "num_ooms" in stats,
               "real memory_stats(0) = vmmalloc's values")
         summary = mem.memory_summary(0)
         print(summary)

@@ -108,6 +108,9 @@ def nested_stats(flat):
     out = {c: int(flat.get(c, 0)) for c in _COUNTERS}
     if "max_split_size" not in flat:
         out["max_split_size"] = -1
+    # recent releases count allocations their throw_on_cudamalloc_oom policy rejected before trying;
+    # vmmalloc has no such policy (past the cap it fails, counted in num_ooms)
+    out["num_oom_rejections"] = 0
     for name in _ARRAYS:
         out[name] = {p: {f: int(flat.get("%s.%s.%s" % (name, p, f), 0)) for f in _FIELDS} for p in _POOLS}
     for name in _SINGLES:
