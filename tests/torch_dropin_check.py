@@ -336,6 +336,13 @@ def standin_checks():
           "legacy form: recording with 50 entries")
     lib.vmm_torch_free(x, 4096, 0, None)
     cuda.memory._record_memory_history(False)
+    # 2.0's bool form under the same name (defaults of that form: 1 entry, Python frames on state)
+    torch._C._cuda_record_memory_history(True)
+    x = lib.vmm_torch_malloc(4096, 0, None)
+    trace = cuda.memory._snapshot()["device_traces"][0]
+    check(len(trace) == 1, "2.0 form _cuda_record_memory_history(True): one entry kept: %r" % trace)
+    lib.vmm_torch_free(x, 4096, 0, None)
+    torch._C._cuda_record_memory_history(False)
     e = raises(ValueError, cuda.memory._record_memory_history, "everything")
     check(e is not None, "a bad enabled is refused as PyTorch does")
     with warnings.catch_warnings(record=True) as caught:

@@ -224,14 +224,20 @@ def _record_legacy(enabled, record_context=True, trace_alloc_max_entries=1, trac
     _apply_history(_entries(trace_alloc_max_entries), _history_flags(context, stacks), bool(clear_history))
 
 
-def _record_memory_history(enabled="all", context="all", stacks="all", max_entries=sys.maxsize,
-                           *rest, **kwargs):
+def _record_memory_history(*args, **kwargs):
     """_cuda_record_memory_history(enabled, context, stacks, max_entries[, clear_history,
     compile_context, global_record_annotations, skip_actions, record_pinned_host_memory,
-    record_cuda]) as 2.1 .. 2.11 pass it; the bool first argument is 2.0's form of the same name."""
-    if isinstance(enabled, bool):
-        _record_legacy(enabled, context, stacks, max_entries, *rest, **kwargs)
+    record_cuda]) as 2.1 .. 2.11 pass it; a bool first argument is 2.0's form of the same name
+    (enabled, record_context, trace_alloc_max_entries, trace_alloc_record_context,
+    record_context_cpp), whose own defaults then apply."""
+    first = args[0] if args else kwargs.get("enabled", "all")
+    if isinstance(first, bool):
+        _record_legacy(*args, **kwargs)
         return
+    _record_str(*args, **kwargs)
+
+
+def _record_str(enabled="all", context="all", stacks="all", max_entries=sys.maxsize, *rest, **kwargs):
     if enabled not in (None, "state", "all"):
         raise ValueError("enabled must be None, 'state' or 'all', not %r" % (enabled,))
     if context not in (None, "state", "alloc", "all"):
