@@ -430,8 +430,8 @@ VMM_API int vmm_pinned_stats_json(vmm_allocator *a, char *buf, size_t len);
  * PyTorch reaches only malloc and free through that path (and the hooks set on it); torch.cuda's
  * memory functions (memory_stats, reset_*, _record_memory_history, _snapshot, the memory fraction)
  * reach vmmalloc through the vmm_torch_* helpers below, which the Python package calls with ctypes
- * from the torch._C entry points it replaces (docs/pytorch.md). With the graph hooks set on the pluggable allocator
- * (python/vmmalloc/graphs.py and its C++ shim), PyTorch also calls vmm_torch_record_stream,
+ * from the torch._C entry points it replaces (docs/pytorch.md). With the graph hooks set on the
+ * pluggable allocator (python/vmmalloc/graphs.py and its C++ shim), PyTorch also calls vmm_torch_record_stream,
  * vmm_torch_empty_cache and the pool entry points below itself (CUDA graphs). Failures of these entry points are kept process wide (not per
  * thread, since Python may ask from another thread than the one that allocated): see
  * vmm_torch_last_error and vmm_torch_oom_report. Everything here is thread safe, except
@@ -447,7 +447,7 @@ VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream);
 
 /* Status of the calling thread's last vmm_torch_malloc: VMM_OK (also for size 0), VMM_ENOMEM,
  * VMM_ENOTSUP (a refused capture), ...; vmm_last_error() on that thread has its message. For a
- * wrapper that turns a NULL into the caller's exception (python/vmmalloc/csrc/torch_oom.cpp raises
+ * wrapper that turns a NULL into the caller's exception (python/vmmalloc/csrc/torch_alloc.cpp raises
  * PyTorch's OutOfMemoryError on VMM_ENOMEM). Thread safe (thread local). */
 VMM_API int vmm_torch_malloc_status(void);
 
@@ -490,7 +490,8 @@ VMM_API int vmm_torch_get_memory_fraction(int device, double *fraction, size_t *
 
 /* vmm_record_history_ex on one device's allocator, or with device -1 on every existing one and on
  * every allocator created from then on (PyTorch records history for all devices at once;
- * max_entries 0 stops everywhere). Returns VMM_OK or the first failure (message kept). */
+ * max_entries 0 stops everywhere; the setting for later allocators is kept even when applying it
+ * to an existing one failed). Returns VMM_OK or the first failure (message kept). */
 VMM_API int vmm_torch_record_history_ex(int device, size_t max_entries, unsigned flags);
 
 /* vmm_record_stream on the allocator that owns ptr. VMM_EBADPTR when none does. Its shape is that

@@ -265,20 +265,21 @@ VMM_API int vmm_torch_record_history_ex(int device, size_t max_entries, unsigned
             keep_error(rc);
         return rc;
     }
-    /* every device: those in use now, and (through get_allocator) those created later */
+    /* every device: those in use now, and (through get_allocator) those created later. Under the
+     * table mutex, so that no allocator is created between the walk and the setting. */
     int first = VMM_OK;
+    pthread_mutex_lock(&g_mu);
+    g_hist_entries = max_entries;
+    g_hist_flags = flags;
     for (int d = 0; d < VMM_TORCH_MAX_DEVICES; d++) {
         vmm_allocator *a = existing(d);
         int rc = a ? vmm_record_history_ex(a, max_entries, flags) : VMM_OK;
-        if (rc && first == VMM_OK)
-            first = keep_error(rc);
+        if (rc && first == VMM_OK) {
+            first = rc;
+            snprintf(g_error, sizeof g_error, "%s", vmm_last_error()); /* keep_error takes g_mu */
+        }
     }
-    if (first == VMM_OK) {
-        pthread_mutex_lock(&g_mu);
-        g_hist_entries = max_entries;
-        g_hist_flags = flags;
-        pthread_mutex_unlock(&g_mu);
-    }
+    pthread_mutex_unlock(&g_mu);
     return first;
 }
 
