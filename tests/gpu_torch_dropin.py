@@ -12,7 +12,7 @@ One process, vmmalloc installed with vmmalloc.torch.install() before anything to
                file's frames and the live blocks of memory_allocated().
   cap          torch.cuda.set_per_process_memory_fraction(f) with f = (reserved + 1 GiB) / total:
                a tensor 1 GiB larger than the cap leaves must raise torch.OutOfMemoryError (torch.cuda.OutOfMemoryError
-               before 2.2) carrying vmmalloc's report, caught as users catch it; num_ooms counts it;
+               where torch has no OutOfMemoryError) carrying vmmalloc's report, caught as users catch it; num_ooms counts it;
                mem_get_info() keeps the driver's total; a 256 MiB tensor still fits and one more
                training step runs; get_per_process_memory_fraction() reads f back where PyTorch has
                it. Size 0: torch.empty(0) on the device has a null data pointer.
