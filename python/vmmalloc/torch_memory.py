@@ -21,7 +21,7 @@ single warning, never an error.
     _cuda_record_memory_history_legacy      form in 2.0 and through the _legacy name later)
     _cuda_setMemoryFraction / _getMemory..  set_per_process_memory_fraction / get_...
     _cuda_emptyCache                        empty_cache
-    _accelerator_getDeviceStats & co.       torch.accelerator.memory_stats & co. (2.8 and later)
+    _accelerator_getDeviceStats & co.       torch.accelerator.memory_stats & co. (recent releases)
 
 torch is never imported here: patch() takes the module.
 """
@@ -59,9 +59,9 @@ ENTRY_POINTS = {
     "_cuda_emptyCache": "empty_cache",
 }
 OPTIONAL_ENTRY_POINTS = {
-    "_cuda_record_memory_history_legacy": "memory._record_memory_history(True/False, ...) (2.1 and later)",
+    "_cuda_record_memory_history_legacy": "memory._record_memory_history(True/False, ...) (releases with the string form keep the bool form here)",
     "_cuda_getMemoryFraction": "get_per_process_memory_fraction (recent releases)",
-    "_accelerator_getDeviceStats": "torch.accelerator.memory_stats (2.8 and later)",
+    "_accelerator_getDeviceStats": "torch.accelerator.memory_stats (recent releases)",
     "_accelerator_resetPeakStats": "torch.accelerator.reset_peak_memory_stats",
     "_accelerator_resetAccumulatedStats": "torch.accelerator.reset_accumulated_memory_stats",
     "_accelerator_emptyCache": "torch.accelerator.empty_cache",
