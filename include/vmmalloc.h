@@ -219,6 +219,23 @@ VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out);
 /* Reset every peak to its current value, and the cumulative counters when `cumulative` is nonzero. */
 VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative);
 
+/* Reset only the cumulative counters (every stat's allocated / freed, num_alloc_retries, num_ooms,
+ * num_sync_all_streams, num_device_alloc / free and vmmalloc's own num_* counters) to 0; peaks and
+ * current values stay (PyTorch's reset_accumulated_memory_stats). Returns VMM_OK or VMM_EINVAL. */
+VMM_API int vmm_reset_accumulated_stats(vmm_allocator *a);
+
+/* Cap the bytes this allocator may reserve at `fraction` of the device's total memory (rounded down
+ * to the allocation granularity), as the per_process_memory_fraction config key does at creation and
+ * PyTorch's set_per_process_memory_fraction does for its allocator. fraction is in [0, 1]; 0 makes
+ * every allocation fail. Memory reserved above a lowered cap stays (nothing is unmapped here); growth
+ * past the cap then fails with VMM_ENOMEM (the OOM report names the cap). Thread safe.
+ * Returns VMM_OK or VMM_EINVAL (NULL allocator, fraction out of range: nothing changed). */
+VMM_API int vmm_set_memory_fraction(vmm_allocator *a, double fraction);
+
+/* The fraction in force and, when cap_bytes is not NULL, the cap in bytes it gives.
+ * Returns VMM_OK or VMM_EINVAL (NULL a or fraction). */
+VMM_API int vmm_get_memory_fraction(vmm_allocator *a, double *fraction, size_t *cap_bytes);
+
 /*
  * Write the stats as one flat JSON object into buf (NUL-terminated), with PyTorch's key names
  * ("allocated_bytes.all.current", "num_ooms", ...) plus vmmalloc's own ("num_event_waits",
@@ -410,10 +427,11 @@ VMM_API int vmm_pinned_stats_json(vmm_allocator *a, char *buf, size_t len);
  * allocator per device is created on first use from VMMALLOC_CONF, then the conf given to
  * vmm_torch_configure, then "device:N" (the driver defaults to cuda).
  *
- * PyTorch reaches only malloc and free through that path; memory_stats, empty_cache,
- * record_stream and the OOM text are reached through the vmm_torch_* helpers below, which the
- * Python package calls with ctypes. With the graph hooks set on the pluggable allocator
- * (python/vmmalloc/graphs.py and its C++ shim), PyTorch also calls vmm_torch_record_stream,
+ * PyTorch reaches only malloc and free through that path (and the hooks set on it); torch.cuda's
+ * memory functions (memory_stats, reset_*, _record_memory_history, _snapshot, the memory fraction)
+ * reach vmmalloc through the vmm_torch_* helpers below, which the Python package calls with ctypes
+ * from the torch._C entry points it replaces (docs/pytorch.md). With the graph hooks set on the
+ * pluggable allocator (python/vmmalloc/graphs.py and its C++ shim), PyTorch also calls vmm_torch_record_stream,
  * vmm_torch_empty_cache and the pool entry points below itself (CUDA graphs). Failures of these entry points are kept process wide (not per
  * thread, since Python may ask from another thread than the one that allocated): see
  * vmm_torch_last_error and vmm_torch_oom_report. Everything here is thread safe, except
@@ -426,6 +444,12 @@ enum { VMM_TORCH_MAX_DEVICES = 64 };
 /* Allocate on `device` for `stream` (a cudaStream_t). NULL when size is 0 or on failure: then
  * vmm_torch_last_error() says why, and on out-of-memory vmm_torch_oom_report() holds the report. */
 VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream);
+
+/* Status of the calling thread's last vmm_torch_malloc: VMM_OK (also for size 0), VMM_ENOMEM,
+ * VMM_ENOTSUP (a refused capture), ...; vmm_last_error() on that thread has its message. For a
+ * wrapper that turns a NULL into the caller's exception (python/vmmalloc/csrc/torch_alloc.cpp raises
+ * PyTorch's OutOfMemoryError on VMM_ENOMEM). Thread safe (thread local). */
+VMM_API int vmm_torch_malloc_status(void);
 
 /* Free a pointer from vmm_torch_malloc (size, device and stream as PyTorch passes them; the device
  * is tried first, then every other). A bad pointer is reported on stderr and in vmm_torch_last_error. */
@@ -446,6 +470,29 @@ VMM_API int vmm_torch_stats_json(int device, char *buf, size_t len);
  * device is -1. Returns VMM_OK or the first failure. */
 VMM_API int vmm_torch_empty_cache(int device);
 VMM_API int vmm_torch_reset_peaks(int device);
+
+/* vmm_reset_accumulated_stats of one device's allocator, or of every existing one when device is -1
+ * (PyTorch's reset_accumulated_memory_stats). Returns VMM_OK or the first failure. */
+VMM_API int vmm_torch_reset_accumulated(int device);
+
+/* 1 when the device's allocator exists (it served or was asked something), else 0; never creates
+ * one. For callers that walk the devices in use (snapshots of every device). Thread safe. */
+VMM_API int vmm_torch_has_allocator(int device);
+
+/* vmm_set_memory_fraction on the device's allocator (created if needed). Its shape is that of
+ * CUDAPluggableAllocator::set_memory_fraction_fn's function, void(double fraction, int device), so
+ * torch.cuda.set_per_process_memory_fraction reaches it; a failure (fraction out of [0, 1], bad
+ * device) is printed on stderr and kept for vmm_torch_last_error. */
+VMM_API void vmm_torch_set_memory_fraction(double fraction, int device);
+
+/* vmm_get_memory_fraction of the device's allocator (created if needed). Returns VMM_OK or the status. */
+VMM_API int vmm_torch_get_memory_fraction(int device, double *fraction, size_t *cap_bytes);
+
+/* vmm_record_history_ex on one device's allocator, or with device -1 on every existing one and on
+ * every allocator created from then on (PyTorch records history for all devices at once;
+ * max_entries 0 stops everywhere; the setting for later allocators is kept even when applying it
+ * to an existing one failed). Returns VMM_OK or the first failure (message kept). */
+VMM_API int vmm_torch_record_history_ex(int device, size_t max_entries, unsigned flags);
 
 /* vmm_record_stream on the allocator that owns ptr. VMM_EBADPTR when none does. Its shape is that
  * of CUDAPluggableAllocator::set_record_stream_fn's function, void(void *ptr, cudaStream_t). */

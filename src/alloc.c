@@ -77,6 +77,13 @@ static int open_driver(vmm_allocator *a)
     return VMM_OK;
 }
 
+/* Most reserved bytes a memory fraction allows: that share of the device, in whole granules. */
+static size_t cap_of(const vmm_allocator *a, double fraction)
+{
+    size_t g = a->dev.granularity ? a->dev.granularity : 2 * VMM_MiB;
+    return (size_t)((double)a->dev.total_bytes * fraction) / g * g;
+}
+
 static int setup_device(vmm_allocator *a)
 {
     int r = a->drv->ops->device_info(a->drv, &a->dev);
@@ -94,8 +101,7 @@ static int setup_device(vmm_allocator *a)
                             keys[p], ps[p], g);
         a->page_size[p] = ps[p];
     }
-    double cap = (double)a->dev.total_bytes * a->cfg.per_process_memory_fraction;
-    a->cap = (size_t)cap / g * g;
+    a->cap = cap_of(a, a->cfg.per_process_memory_fraction);
     a->va_size[VMM_LARGE] = round_up(a->dev.total_bytes, a->page_size[VMM_LARGE]);
     size_t small = round_up(a->dev.total_bytes / 16, a->page_size[VMM_SMALL]);
     a->va_size[VMM_SMALL] = small > 16 * a->page_size[VMM_SMALL] ? small : 16 * a->page_size[VMM_SMALL];
@@ -256,6 +262,31 @@ static void collect_garbage(vmm_allocator *a)
     if (cached < need)
         vmm_seg_reclaim(a, (need - cached + a->page_size[VMM_LARGE] - 1) / a->page_size[VMM_LARGE]);
     vmm_handles_release(a, 0, need);
+}
+
+VMM_API int vmm_set_memory_fraction(vmm_allocator *a, double fraction)
+{
+    if (!a)
+        return vmm_fail(VMM_EINVAL, "vmm_set_memory_fraction: allocator is NULL");
+    if (!(fraction >= 0.0 && fraction <= 1.0))
+        return vmm_fail(VMM_EINVAL, "vmm_set_memory_fraction: %g is not in [0, 1]", fraction);
+    vmm_lock(a);
+    a->cfg.per_process_memory_fraction = fraction;
+    a->cap = cap_of(a, fraction);
+    vmm_unlock(a);
+    return VMM_OK;
+}
+
+VMM_API int vmm_get_memory_fraction(vmm_allocator *a, double *fraction, size_t *cap_bytes)
+{
+    if (!a || !fraction)
+        return vmm_fail(VMM_EINVAL, "vmm_get_memory_fraction: NULL argument");
+    vmm_lock(a);
+    *fraction = a->cfg.per_process_memory_fraction;
+    if (cap_bytes)
+        *cap_bytes = a->cap;
+    vmm_unlock(a);
+    return VMM_OK;
 }
 
 static int malloc_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size,

@@ -24,6 +24,9 @@ static char *g_conf;                         /* vmm_torch_configure's conf, or N
 static char g_error[TORCH_MESSAGE_MAX];      /* last failure of a vmm_torch_* call */
 static char g_oom[TORCH_MESSAGE_MAX];        /* last out-of-memory report */
 static _Atomic int g_capture_guard;          /* vmm_torch_set_capture_guard */
+static size_t g_hist_entries;                /* vmm_torch_record_history_ex(-1, ...): applied to */
+static unsigned g_hist_flags;                /* allocators created later too (g_mu) */
+static _Thread_local int t_malloc_status;    /* vmm_torch_malloc_status */
 
 /* Keep this thread's vmm_last_error() as the process-wide message (and as the OOM report when
  * status is VMM_ENOMEM); returns status. */
@@ -74,6 +77,11 @@ static int get_allocator(int device, vmm_allocator **out, const char *fn)
         else
             rc = vmm_create(conf, &a);
         free(conf);
+        /* history asked for every device (PyTorch's _record_memory_history has no device):
+         * this one records from its start; a failure is kept but does not fail the creation */
+        if (rc == VMM_OK && g_hist_entries && vmm_record_history_ex(a, g_hist_entries, g_hist_flags))
+            snprintf(g_error, sizeof g_error, "%s: recording history on device %d: %s", fn, device,
+                     vmm_last_error());
         if (rc == VMM_OK)
             atomic_store_explicit(&g_alloc[device], a, memory_order_release);
         else
@@ -106,12 +114,13 @@ static int capture_refused(vmm_allocator *a, void *stream)
 VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream)
 {
     vmm_allocator *a = NULL;
+    t_malloc_status = VMM_OK;
     if (size <= 0) {
         if (size < 0)
-            keep_error(vmm_fail(VMM_EINVAL, "vmm_torch_malloc: negative size %td", size));
+            t_malloc_status = keep_error(vmm_fail(VMM_EINVAL, "vmm_torch_malloc: negative size %td", size));
         return NULL;
     }
-    if (get_allocator(device, &a, "vmm_torch_malloc"))
+    if ((t_malloc_status = get_allocator(device, &a, "vmm_torch_malloc")) != VMM_OK)
         return NULL;
     if (VMM_UNLIKELY(atomic_load_explicit(&g_capture_guard, memory_order_relaxed)) &&
         capture_refused(a, stream)) {
@@ -121,14 +130,18 @@ VMM_API void *vmm_torch_malloc(ptrdiff_t size, int device, void *stream)
                             "graph's memory could be handed to other allocations while replays "
                             "write it; refused. Install with the graph hooks (vmmalloc.graphs) or "
                             "capture with torch.cuda.MemPool(allocator=...)", stream));
+        t_malloc_status = VMM_ENOTSUP;
         return NULL;
     }
     void *p = NULL;
     int rc = vmm_malloc(a, (size_t)size, stream, &p);
     if (rc)
         keep_error(rc);
+    t_malloc_status = rc;
     return rc ? NULL : p;
 }
+
+VMM_API int vmm_torch_malloc_status(void) { return t_malloc_status; }
 
 VMM_API void vmm_torch_free(void *ptr, ptrdiff_t size, int device, void *stream)
 {
@@ -214,6 +227,62 @@ static int for_devices(int device, int (*fn)(vmm_allocator *), const char *name)
 
 static int reset_peaks(vmm_allocator *a) { return vmm_reset_stats(a, 0); }
 
+VMM_API int vmm_torch_reset_accumulated(int device)
+{
+    return for_devices(device, vmm_reset_accumulated_stats, "vmm_torch_reset_accumulated");
+}
+
+VMM_API int vmm_torch_has_allocator(int device)
+{
+    return device >= 0 && device < VMM_TORCH_MAX_DEVICES && existing(device) != NULL;
+}
+
+VMM_API void vmm_torch_set_memory_fraction(double fraction, int device)
+{
+    vmm_allocator *a = NULL;
+    int rc = get_allocator(device, &a, "vmm_torch_set_memory_fraction");
+    if (rc == VMM_OK && (rc = vmm_set_memory_fraction(a, fraction)) != VMM_OK)
+        keep_error(rc);
+    if (rc) /* the hook returns nothing: say it where it is seen */
+        fprintf(stderr, "vmmalloc: %s\n", vmm_last_error());
+}
+
+VMM_API int vmm_torch_get_memory_fraction(int device, double *fraction, size_t *cap_bytes)
+{
+    vmm_allocator *a = NULL;
+    int rc = get_allocator(device, &a, "vmm_torch_get_memory_fraction");
+    if (rc == VMM_OK && (rc = vmm_get_memory_fraction(a, fraction, cap_bytes)) != VMM_OK)
+        keep_error(rc);
+    return rc;
+}
+
+VMM_API int vmm_torch_record_history_ex(int device, size_t max_entries, unsigned flags)
+{
+    if (device != -1) {
+        vmm_allocator *a = NULL;
+        int rc = get_allocator(device, &a, "vmm_torch_record_history_ex");
+        if (rc == VMM_OK && (rc = vmm_record_history_ex(a, max_entries, flags)) != VMM_OK)
+            keep_error(rc);
+        return rc;
+    }
+    /* every device: those in use now, and (through get_allocator) those created later. Under the
+     * table mutex, so that no allocator is created between the walk and the setting. */
+    int first = VMM_OK;
+    pthread_mutex_lock(&g_mu);
+    g_hist_entries = max_entries;
+    g_hist_flags = flags;
+    for (int d = 0; d < VMM_TORCH_MAX_DEVICES; d++) {
+        vmm_allocator *a = existing(d);
+        int rc = a ? vmm_record_history_ex(a, max_entries, flags) : VMM_OK;
+        if (rc && first == VMM_OK) {
+            first = rc;
+            snprintf(g_error, sizeof g_error, "%s", vmm_last_error()); /* keep_error takes g_mu */
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return first;
+}
+
 VMM_API int vmm_torch_empty_cache(int device)
 {
     return for_devices(device, vmm_empty_cache, "vmm_torch_empty_cache");
@@ -278,6 +347,8 @@ VMM_API void vmm_torch_shutdown(void)
     }
     free(g_conf);
     g_conf = NULL;
+    g_hist_entries = 0;
+    g_hist_flags = 0;
     g_error[0] = g_oom[0] = '\0';
     atomic_store(&g_capture_guard, 0);
     pthread_mutex_unlock(&g_mu);

@@ -71,17 +71,19 @@ VMM_API int vmm_get_stats(vmm_allocator *a, vmm_stats *out)
     X(num_free_memory_callbacks) X(num_free_memory_callback_hits) X(ipc_exported_blocks)  \
     X(ipc_limbo_blocks) X(ipc_open_mappings)
 
-static void reset_stat(vmm_stat *s, int cumulative)
+static void reset_stat(vmm_stat *s, int peaks, int cumulative)
 {
-    s->peak = s->current;
+    if (peaks)
+        s->peak = s->current;
     if (cumulative)
         s->allocated = s->freed = 0;
 }
 
-VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
+/* peaks: every peak back to its current value; cumulative: allocated / freed and the counters to 0 */
+static int reset_stats(vmm_allocator *a, int peaks, int cumulative, const char *fn)
 {
     if (!a)
-        return vmm_fail(VMM_EINVAL, "vmm_reset_stats: allocator is NULL");
+        return vmm_fail(VMM_EINVAL, "%s: allocator is NULL", fn);
     vmm_lock(a);
     vmm_tc_fold(a);
     vmm_stats *s = &a->stats, d;
@@ -89,16 +91,17 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
     /* peaks restart from the derived currents; the stored ones may be partial (vmm_hot_up) */
 #define RESET_ARRAY_(f)                                                                    \
     for (int p = 0; p < VMM_POOL_COUNT; p++) {                                            \
-        reset_stat(&s->f[p], cumulative);                                                 \
-        s->f[p].peak = d.f[p].current;                                                    \
+        reset_stat(&s->f[p], peaks, cumulative);                                          \
+        if (peaks)                                                                        \
+            s->f[p].peak = d.f[p].current;                                                \
     }
     STAT_ARRAYS(RESET_ARRAY_)
 #undef RESET_ARRAY_
     for (int p = 0; p < VMM_NPOOLS; p++) {
-        reset_stat(&a->pending[p], cumulative);
-        reset_stat(&a->pending_bytes[p], cumulative);
+        reset_stat(&a->pending[p], peaks, cumulative);
+        reset_stat(&a->pending_bytes[p], peaks, cumulative);
     }
-#define RESET_SINGLE_(f) reset_stat(&s->f, cumulative);
+#define RESET_SINGLE_(f) reset_stat(&s->f, peaks, cumulative);
     STAT_SINGLES(RESET_SINGLE_)
 #undef RESET_SINGLE_
     if (cumulative) {
@@ -110,6 +113,16 @@ VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
     }
     vmm_unlock(a);
     return VMM_OK;
+}
+
+VMM_API int vmm_reset_stats(vmm_allocator *a, int cumulative)
+{
+    return reset_stats(a, 1, cumulative, "vmm_reset_stats");
+}
+
+VMM_API int vmm_reset_accumulated_stats(vmm_allocator *a)
+{
+    return reset_stats(a, 0, 1, "vmm_reset_accumulated_stats");
 }
 
 /* ---- JSON --------------------------------------------------------------------------------- */

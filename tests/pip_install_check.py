@@ -155,7 +155,8 @@ def main():
             names = set(z.namelist())
             record = [n for n in names if n.endswith(".dist-info/RECORD")]
             for need in ("vmmalloc/__init__.py", "vmmalloc/torch.py", "vmmalloc/__main__.py",
-                         "vmmalloc/libvmmalloc.so", "vmmalloc/_vmm_viz.py", "vmmalloc/csrc/graph_hooks.cpp"):
+                         "vmmalloc/libvmmalloc.so", "vmmalloc/_vmm_viz.py", "vmmalloc/csrc/graph_hooks.cpp",
+                         "vmmalloc/csrc/torch_alloc.cpp", "vmmalloc/torch_memory.py", "vmmalloc/_cxx.py"):
                 check(need in names, "wheel lacks %s" % need)
             if check(len(record) == 1, "wheel has no RECORD"):
                 listed = {l.split(",")[0] for l in z.read(record[0]).decode().splitlines()}

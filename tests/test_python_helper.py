@@ -162,8 +162,18 @@ def fake_torch_checks():
     check(before[:1] == ["is_initialized"], "install() checks is_initialized first: %r" % cuda.calls)
     check(initializing_calls(before) == [], "install() initialized CUDA before swapping: %r" % cuda.calls)
     alloc = cuda.memory.current
-    check(alloc is not None and alloc.args == (path, "vmm_torch_malloc", "vmm_torch_free"),
-          "CUDAPluggableAllocator(path, vmm_torch_malloc, vmm_torch_free)")
+    # the fake torch has no torch.utils.cpp_extension: the shim is the plain compiler's, whose
+    # out of memory raises RuntimeError (tests/cxx/test_torch_alloc.cpp checks what it throws)
+    st = vt.status()
+    check(st["oom"] == "runtime_error" and st["alloc_shim"]
+          and os.path.dirname(st["alloc_shim"]) == os.environ["VMMALLOC_CACHE_DIR"],
+          "out-of-memory shim built in the cache: %r" % st)
+    check(alloc is not None and alloc.args == (st["alloc_shim"], "vmm_torch_alloc_malloc", "vmm_torch_alloc_free"),
+          "CUDAPluggableAllocator(shim, vmm_torch_alloc_malloc, vmm_torch_alloc_free): %r"
+          % (getattr(alloc, "args", None),))
+    check(st["installed"] and st["memory_api"] == {"patched": [], "missing": sorted(
+        __import__("vmmalloc.torch_memory").torch_memory.ENTRY_POINTS), "rebound": 0},
+          "a torch without torch._C: nothing patched, every entry point named missing: %r" % (st["memory_api"],))
     check(vt.install() == path, "install() again: a no-op")
 
     # 4. after install, before CUDA init: the default device is 0, still without initializing
@@ -240,6 +250,11 @@ def fake_torch_checks():
 import vmmalloc  # noqa: E402
 
 if sys.argv[1:] == ["--fake-torch"]:
+    import atexit  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+    os.environ["VMMALLOC_CACHE_DIR"] = tempfile.mkdtemp(prefix="vmmalloc-helper-")  # shims built here
+    atexit.register(shutil.rmtree, os.environ["VMMALLOC_CACHE_DIR"], True)
     fake_torch_checks()
     print("fake torch: %d failure(s)" % len(failures))
     sys.exit(1 if failures else 0)

@@ -247,6 +247,103 @@ static void test_bad_env_conf(void)
     vmm_torch_shutdown();
 }
 
+/* What torch.cuda's memory functions need of the library: a memory fraction set per device at run
+ * time (PyTorch's set_memory_fraction_fn shape), reset of the cumulative counters without the peaks,
+ * history for every device including those created later, the thread's malloc status, and which
+ * devices have an allocator. */
+static void test_torch_dropin_helpers(void)
+{
+    char msg[2048];
+    vmm_torch_shutdown();
+    setenv("VMMALLOC_CONF", "driver:sim,sim_capacity:1G", 1);
+    CHECK_EQ(vmm_torch_has_allocator(0), 0);
+    CHECK_EQ(vmm_torch_has_allocator(-1), 0);
+    CHECK_EQ(vmm_torch_has_allocator(VMM_TORCH_MAX_DEVICES), 0);
+
+    /* history asked for every device before any exists: device 0 records from its first malloc */
+    CHECK_OK(vmm_torch_record_history_ex(-1, 1000, 0));
+    void *p = vmm_torch_malloc(1 << 20, 0, NULL);
+    CHECK(p != NULL);
+    CHECK_EQ(vmm_torch_malloc_status(), VMM_OK);
+    CHECK_EQ(vmm_torch_has_allocator(0), 1);
+    CHECK_EQ(vmm_torch_has_allocator(1), 0);
+    vmm_allocator *a0 = NULL;
+    CHECK_OK(vmm_torch_get_allocator(0, &a0));
+    vmm_trace_entry tr[8];
+    int64_t n = vmm_history_get(a0, tr, 8);
+    CHECK(n >= 1); /* at least the alloc (and the segment map before it) */
+
+    /* fraction: 1 GiB device, 0.25 caps at 256 MiB; 300 MiB fails, 200 MiB fits */
+    double f = 0;
+    size_t cap = 0;
+    CHECK_OK(vmm_torch_get_memory_fraction(0, &f, &cap));
+    CHECK(f == 1.0);
+    CHECK_EQ(cap, (size_t)1 << 30);
+    vmm_torch_set_memory_fraction(0.25, 0);
+    CHECK_OK(vmm_torch_get_memory_fraction(0, &f, &cap));
+    CHECK(f == 0.25);
+    CHECK_EQ(cap, (size_t)256 << 20);
+    CHECK(vmm_torch_malloc((ptrdiff_t)300 << 20, 0, NULL) == NULL);
+    CHECK_EQ(vmm_torch_malloc_status(), VMM_ENOMEM);
+    CHECK(strstr(vmm_last_error(), "this allocator may use 256.00 MiB") != NULL);
+    void *q = vmm_torch_malloc((ptrdiff_t)200 << 20, 0, NULL);
+    CHECK(q != NULL);
+    CHECK_EQ(vmm_torch_malloc_status(), VMM_OK);
+    vmm_torch_free(q, (ptrdiff_t)200 << 20, 0, NULL);
+    /* a bad fraction changes nothing and says so */
+    vmm_torch_set_memory_fraction(1.5, 0);
+    CHECK(vmm_torch_last_error(msg, sizeof msg) > 0 && strstr(msg, "not in [0, 1]") != NULL);
+    CHECK_OK(vmm_torch_get_memory_fraction(0, &f, NULL));
+    CHECK(f == 0.25);
+    CHECK_EQ(vmm_set_memory_fraction(NULL, 0.5), VMM_EINVAL);
+    /* back to the whole device: 300 MiB fits again */
+    vmm_torch_set_memory_fraction(1.0, 0);
+    q = vmm_torch_malloc((ptrdiff_t)300 << 20, 0, NULL);
+    CHECK(q != NULL);
+    vmm_torch_free(q, (ptrdiff_t)300 << 20, 0, NULL);
+    /* the fraction is per device: device 1 keeps the whole device */
+    vmm_torch_set_memory_fraction(0.1, 0);
+    q = vmm_torch_malloc((ptrdiff_t)300 << 20, 1, NULL);
+    CHECK(q != NULL);
+    vmm_torch_free(q, (ptrdiff_t)300 << 20, 1, NULL);
+    /* device 1 was created after the history request: it records too */
+    vmm_allocator *a1 = NULL;
+    CHECK_OK(vmm_torch_get_allocator(1, &a1));
+    n = vmm_history_get(a1, tr, 8);
+    CHECK(n >= 2);
+
+    /* size 0: NULL with status OK (PyTorch's own allocator returns nullptr for 0 bytes) */
+    CHECK(vmm_torch_malloc(0, 0, NULL) == NULL);
+    CHECK_EQ(vmm_torch_malloc_status(), VMM_OK);
+
+    /* reset of the cumulative counters keeps peaks; reset of peaks keeps the cumulative ones */
+    CHECK(stat_of(0, "num_ooms") == 1);
+    long long peak = stat_of(0, "allocated_bytes.all.peak");
+    CHECK(peak >= (200 << 20));
+    CHECK(stat_of(0, "allocation.all.allocated") >= 3);
+    CHECK_OK(vmm_torch_reset_accumulated(0));
+    CHECK_EQ(stat_of(0, "num_ooms"), 0);
+    CHECK_EQ(stat_of(0, "allocation.all.allocated"), 0);
+    CHECK_EQ(stat_of(0, "allocation.all.freed"), 0);
+    CHECK_EQ(stat_of(0, "allocated_bytes.all.peak"), peak);
+    CHECK_EQ(stat_of(0, "allocation.all.current"), 1);
+    CHECK(stat_of(1, "allocation.all.allocated") >= 1); /* device 1 untouched */
+    CHECK_OK(vmm_torch_reset_accumulated(-1));
+    CHECK_EQ(stat_of(1, "allocation.all.allocated"), 0);
+    CHECK_EQ(vmm_reset_accumulated_stats(NULL), VMM_EINVAL);
+
+    /* stop recording everywhere; a device created later does not record */
+    CHECK_OK(vmm_torch_record_history_ex(-1, 0, 0));
+    vmm_torch_free(p, 1 << 20, 0, NULL);
+    q = vmm_torch_malloc(4096, 2, NULL);
+    CHECK(q != NULL);
+    vmm_allocator *a2 = NULL;
+    CHECK_OK(vmm_torch_get_allocator(2, &a2));
+    CHECK_EQ(vmm_history_get(a2, tr, 8), 0);
+    vmm_torch_free(q, 4096, 2, NULL);
+    vmm_torch_shutdown();
+}
+
 int main(void)
 {
     setenv("VMMALLOC_CONF", "driver:sim,sim_capacity:1G", 1);
@@ -255,6 +352,7 @@ int main(void)
     test_helpers();
     test_capture_guard();
     test_bad_env_conf();
+    test_torch_dropin_helpers();
     vmm_sim_counters g;
     vmm_sim_global_live(&g);
     CHECK_EQ(g.phys_bytes, 0);

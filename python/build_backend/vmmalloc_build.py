@@ -223,7 +223,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             w.add_file("vmmalloc/" + f, os.path.join(PKG_DIR, f))
         w.add_file("vmmalloc/libvmmalloc.so", lib, 0o755)
         w.add_file("vmmalloc/_vmm_viz.py", os.path.join(ROOT, "tools", "vmm_viz.py"))
-        w.add_file("vmmalloc/csrc/graph_hooks.cpp", os.path.join(PKG_DIR, "csrc", "graph_hooks.cpp"))
+        for src in sorted(os.listdir(os.path.join(PKG_DIR, "csrc"))):  # the C++ shims, built at run time
+            if src.endswith(".cpp"):
+                w.add_file("vmmalloc/csrc/" + src, os.path.join(PKG_DIR, "csrc", src))
         di = dist_info_name()
         _write_dist_info(w.add, di)
         w.close(di + "/RECORD")

@@ -1,5 +1,8 @@
-"""PyTorch integration: install vmmalloc as PyTorch's CUDA allocator and reach what the pluggable
-allocator path does not offer (memory_stats, empty_cache, record_stream, the OOM report).
+"""PyTorch integration: install vmmalloc as PyTorch's CUDA allocator, with torch.cuda's memory API
+(memory_stats & co., resets, _record_memory_history, _snapshot, the memory fraction) answered by
+vmmalloc (vmmalloc.torch_memory) and out of memory raised as torch.OutOfMemoryError
+(csrc/torch_alloc.cpp); plus vmmalloc's own views (memory_stats with its extra keys, the OOM report,
+record_stream, snapshots of one device).
 
 This module imports torch only inside the functions that need it, so ``import vmmalloc.torch``
 works on machines without PyTorch.
@@ -7,16 +10,23 @@ works on machines without PyTorch.
     import vmmalloc.torch
     vmmalloc.torch.install("expandable_segments:true")   # before the first CUDA allocation
     x = torch.empty(1 << 20, device="cuda")
-    print(vmmalloc.torch.memory_stats()["reserved_bytes.all.peak"])
+    print(torch.cuda.max_memory_reserved())               # answered by vmmalloc
 """
+
+import ctypes
+import os
+import warnings
 
 import vmmalloc as _v
 
-__all__ = ["install", "is_installed", "memory_stats", "empty_cache", "reset_peak_memory_stats",
+__all__ = ["install", "is_installed", "status", "memory_stats", "empty_cache", "reset_peak_memory_stats",
            "record_stream", "snapshot", "record_memory_history", "oom_report", "pinned_stats",
            "device_index"]
 
 _installed_path = None
+_status = {"installed": False, "oom": None, "alloc_shim": None, "oom_reason": "",
+           "memory_fraction_hook": False, "memory_api": None}
+_alloc_shim = None  # ctypes handle of csrc/torch_alloc.cpp's library, kept for the process
 
 
 def _torch():
@@ -45,7 +55,78 @@ def _require_uninitialized(cuda):
             "set_device(), synchronize(), .cuda(), ...): first thing after importing torch")
 
 
-def install(conf=None, lib_path=None, graphs="auto"):
+def status():
+    """What install() did: {"installed", "oom": "c10" (out of memory raises torch.OutOfMemoryError)
+    | "runtime_error" (a RuntimeError: the shim was built without torch's headers) | "null" (PyTorch
+    gets NULL) | None, "alloc_shim": path, "oom_reason", "memory_fraction_hook": bool,
+    "memory_api": vmmalloc.torch_memory.patched() or None, "graphs": vmmalloc.graphs.status()}."""
+    from vmmalloc import graphs as _graphs  # noqa: PLC0415
+    out = dict(_status)
+    out["graphs"] = _graphs.status()
+    return out
+
+
+def _raising_allocator(torch, lib, oom):
+    """CUDAPluggableAllocator over csrc/torch_alloc.cpp (vmm_torch_malloc that throws PyTorch's
+    OutOfMemoryError), or over libvmmalloc's own entry points when oom="null" or the shim cannot be
+    had (then out of memory hands PyTorch a NULL, and a warning says why). Returns the allocator."""
+    global _alloc_shim
+    memory = torch.cuda.memory
+    path = _v.loaded_path()
+    if oom == "null":
+        _status.update(oom="null", alloc_shim=None, oom_reason="install(oom='null')")
+        return memory.CUDAPluggableAllocator(path, "vmm_torch_malloc", "vmm_torch_free")
+    try:
+        env = os.environ.get("VMMALLOC_TORCH_ALLOC")
+        if env:
+            if not os.path.isfile(env):
+                raise RuntimeError("VMMALLOC_TORCH_ALLOC=%s: no such file" % env)
+            shim_path = env
+        else:
+            from vmmalloc import _cxx  # noqa: PLC0415
+            shim_path = _cxx.build("torch_alloc.cpp", use_torch=True)[0]
+        shim = ctypes.CDLL(shim_path)
+        shim.vmm_torch_alloc_init.restype = ctypes.c_int
+        shim.vmm_torch_alloc_init.argtypes = [ctypes.c_void_p] * 4
+        shim.vmm_torch_alloc_raises_c10.restype = ctypes.c_int
+
+        def addr(name):
+            return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+        if shim.vmm_torch_alloc_init(addr("vmm_torch_malloc"), addr("vmm_torch_free"),
+                                     addr("vmm_torch_malloc_status"), addr("vmm_last_error")) != 0:
+            raise RuntimeError("the shim refused libvmmalloc's entry points")
+        raises_c10 = bool(shim.vmm_torch_alloc_raises_c10())
+    except (RuntimeError, OSError) as e:
+        if oom == "raise":
+            raise RuntimeError("vmmalloc.torch.install: cannot build the out-of-memory shim: %s" % e) from e
+        warnings.warn("vmmalloc: out of memory will reach PyTorch as a NULL pointer, not as "
+                      "torch.OutOfMemoryError, because the shim python/vmmalloc/csrc/torch_alloc.cpp "
+                      "could not be built or loaded (%s); check vmmalloc.torch.oom_report() after a "
+                      "failure" % e, RuntimeWarning, stacklevel=3)
+        _status.update(oom="null", alloc_shim=None, oom_reason=str(e))
+        return memory.CUDAPluggableAllocator(path, "vmm_torch_malloc", "vmm_torch_free")
+    _alloc_shim = shim
+    if not raises_c10:
+        warnings.warn("vmmalloc: the out-of-memory shim was built without torch's headers: out of "
+                      "memory raises RuntimeError('CUDA out of memory. ...'), not torch.OutOfMemoryError",
+                      RuntimeWarning, stacklevel=3)
+    _status.update(oom="c10" if raises_c10 else "runtime_error", alloc_shim=shim_path, oom_reason="")
+    return memory.CUDAPluggableAllocator(shim_path, "vmm_torch_alloc_malloc", "vmm_torch_alloc_free")
+
+
+def _set_fraction_hook(alloc, lib):
+    """torch.cuda.set_per_process_memory_fraction -> allocator->setMemoryFraction -> this hook
+    (CUDAPluggableAllocator calls it only when set), for C++ callers too."""
+    hooks = getattr(alloc, "_allocator", None)
+    setter = getattr(hooks, "set_memory_fraction_fn", None)
+    if setter is None:
+        return False
+    setter(ctypes.cast(lib.vmm_torch_set_memory_fraction, ctypes.c_void_p).value)
+    return True
+
+
+def install(conf=None, lib_path=None, graphs="auto", oom="auto", memory_api=True):
     """Make vmmalloc PyTorch's CUDA allocator. Call before the first CUDA allocation.
 
     conf: "key:value,..." (PyTorch's syntax; docs/user-guide.md lists the keys), applied after the
@@ -55,6 +136,15 @@ def install(conf=None, lib_path=None, graphs="auto"):
     pools for captures; the C++ shim is built once, see vmmalloc.graphs) and, when they cannot be
     set, refuses capture with a clear error instead; "hooks" raises RuntimeError when they cannot
     be set; "refuse" never builds them and refuses capture. vmmalloc.graphs.status() says which.
+    oom: "auto" (default): out of memory raises torch.OutOfMemoryError carrying vmmalloc's report,
+    through the C++ shim csrc/torch_alloc.cpp (built once with the C++ compiler against torch's
+    headers and libc10, cached in ~/.cache/vmmalloc; without them it raises RuntimeError("CUDA out
+    of memory. ..."), and when it cannot be built at all PyTorch gets NULL, with a warning); "raise": RuntimeError from install() when the shim
+    cannot be had; "null": no shim, NULL as before. status()["oom"] says which.
+    memory_api: True (default) wires torch.cuda's memory functions (memory_stats, memory_allocated,
+    max_memory_*, memory_summary, reset_peak_memory_stats, _record_memory_history, _snapshot,
+    _dump_snapshot, set/get_per_process_memory_fraction, empty_cache) to vmmalloc
+    (vmmalloc.torch_memory); False leaves them as PyTorch has them (raising for a pluggable allocator).
     Returns the path of the library installed. Calling it again with the same library is a no-op.
 
     Raises RuntimeError when CUDA is already initialized in this process (PyTorch cannot swap
@@ -74,17 +164,30 @@ def install(conf=None, lib_path=None, graphs="auto"):
     _require_uninitialized(torch.cuda)
     if not torch.cuda.is_available():
         raise RuntimeError("vmmalloc.torch.install: torch.cuda.is_available() is False")
+    if oom not in ("auto", "raise", "null"):
+        raise ValueError("vmmalloc.torch.install: oom must be 'auto', 'raise' or 'null', not %r" % (oom,))
     lib = _v.load(path)
     _v.configure(conf)  # checks conf and VMMALLOC_CONF now, rather than at the first allocation
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "vmm_torch_malloc", "vmm_torch_free")
+    from vmmalloc import torch_memory as _tm  # noqa: PLC0415
+    _tm._lib()  # noqa: SLF001 (declares the entry points the hooks below take the addresses of)
+    alloc = _raising_allocator(torch, lib, oom)
     from vmmalloc import graphs as _graphs  # noqa: PLC0415
     _graphs.attach(alloc, lib, mode=graphs)  # the hooks go on the allocator before PyTorch takes it
+    fraction_hook = _set_fraction_hook(alloc, lib)
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         _graphs.undo(lib)
         raise RuntimeError("vmmalloc.torch.install: PyTorch refused the allocator: %s" % e) from e
     _installed_path = path
+    _status.update(installed=True, memory_fraction_hook=fraction_hook)
+    if memory_api:
+        try:
+            _status["memory_api"] = _tm.patch(torch)
+        except Exception as e:  # noqa: BLE001 (a PyTorch we do not know: warn, never fail the install)
+            warnings.warn("vmmalloc: torch.cuda's memory functions could not be wired to vmmalloc (%s: %s); "
+                          "use vmmalloc.torch.memory_stats & co." % (type(e).__name__, e),
+                          RuntimeWarning, stacklevel=2)
     return path
 
 
