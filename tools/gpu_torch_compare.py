@@ -142,7 +142,14 @@ def worker_train(mode, steps, batch, quick):
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.item()))
     res, alloc, n_ooms = peaks(torch, vt)
-    return {"mode": mode, "losses": losses, "first_step_s": times[0],
+    expandable = None
+    if vt is None:  # did the setting take? (a renamed variable would silently leave it native)
+        try:
+            segs = torch.cuda.memory._snapshot().get("segments", [])  # noqa: SLF001
+            expandable = any(sg.get("is_expandable") for sg in segs)
+        except Exception:  # noqa: BLE001 (an older snapshot format: unknown)
+            pass
+    return {"mode": mode, "expandable_segments_seen": expandable, "losses": losses, "first_step_s": times[0],
             "median_step_s": statistics.median(times[1:] or times), "peak_reserved": res,
             "peak_allocated": alloc, "num_ooms": n_ooms, "params": sum(p.numel() for p in model.parameters()),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -220,11 +227,13 @@ def worker_sliver(mode, cap_gib):
 
 def run(args, mode, what, timeout, cap_gib=0):
     env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    # PyTorch reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF (deprecated) where that is unset
+    for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env.pop(k, None)
+        if mode == "expandable":
+            env[k] = "expandable_segments:True"
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     env.setdefault("HF_HUB_OFFLINE", "1")  # no network there: never try the hub
-    if mode == "expandable":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--what", what,
            "--steps", str(args.steps), "--batch", str(args.batch), "--cap-gib", str(cap_gib)]
     if args.quick:
@@ -318,6 +327,11 @@ def main():
             tr[m]["max_loss_diff_vs_native"] = diff
             if not same:
                 log("MISMATCH: %s losses differ from native by up to %.3g" % (m, diff))
+                ok = False
+        for m, want in (("native", False), ("expandable", True)):
+            seen = tr[m].get("expandable_segments_seen")
+            if seen is not None and seen != want:
+                log("FAIL: the %s run %s expandable segments" % (m, "used" if seen else "did not use"))
                 ok = False
         if not tr["vmmalloc"].get("installed") or not tr["vmmalloc"].get("peak_allocated"):
             log("FAIL: vmmalloc did not serve its run (installed %s, peak allocated %s)" %
