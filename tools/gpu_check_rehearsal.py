@@ -60,6 +60,10 @@ def main():
     for k in ("map_nonzero_offset", "set_access_spanning_handles", "largest_reserve", "new_memory_zero",
               "mem_get_info_around_release", "rdma_pointer_attribute", "posix_fd_export", "granularity"):
         check(k in facts, "fact %s measured" % k)
+    # the offset fact comes from the probe's child process: complete, merged, the double's answer
+    off = facts.get("map_nonzero_offset", {})
+    check(off.get("map_result") == "CUDA_ERROR_INVALID_VALUE" and off.get("context_after") == "CUDA_SUCCESS",
+          "nonzero-offset cuMemMap refused by the double and the child's context clean: %r" % off)
     tests = ph.get("tests", {}).get("results", {})
     check("test_gpu_driver_double" in tests and "test_cudadouble" in tests, "tests phase ran the double tests")
     rows = ph.get("replay", {}).get("traces", [])

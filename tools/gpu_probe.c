@@ -9,7 +9,9 @@
  * Facts: versions, device, VMM attributes, granularities (plain / POSIX fd / RDMA flag), cuMemMap at
  * a nonzero offset (and the data seen through both mappings), one cuMemSetAccess over several
  * handles, the largest cuMemAddressReserve, zero-fill of new handles, cuMemGetInfo around a release,
- * the RDMA pointer attribute, POSIX fd export / import.
+ * the RDMA pointer attribute, POSIX fd export / import. The nonzero-offset mapping runs in a child
+ * process (a fault there must not end the context of the other facts; "context_after" says whether
+ * it left a sticky error), cut off after 20 s.
  * Costs: create / map / setAccess / unmap / release / reserve / address free by handle size (first
  * call and steady median / p90), setAccess by handles in the range, cuMemAlloc / cuMemFree by size,
  * cuEventRecord / cuEventQuery. Memory is bounded: at most one handle of --max-size (default 1 GiB)
@@ -21,11 +23,15 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -379,6 +385,124 @@ static void fact_offset_map(void)
     }
     cu.MemAddressFree(b, g);
     unmap_free(a, size, h);
+    /* a copy through a bad mapping faults and leaves a sticky error on the context */
+    kv_res("context_after", cu.CtxSynchronize());
+    close_obj();
+}
+
+/* The nonzero-offset mapping is the one fact that may break the context: if the driver accepts it
+ * and a copy through it faults, the sticky error ends every later call of this process. So it runs
+ * in a child forked before this process initializes CUDA (a child forked after cuInit cannot use
+ * CUDA), cut off after OFFSET_CHILD_S seconds; the parent keeps the child's JSON member, or says
+ * how the child ended. The child's memory goes back to the device when it exits. */
+enum { OFFSET_CHILD_S = 20, OFFSET_OUT_MAX = 16384 };
+static char offset_out[OFFSET_OUT_MAX + 1];
+static char offset_status[160];
+
+static void offset_child(int wfd)
+{
+    if (dup2(wfd, STDOUT_FILENO) < 0)
+        _exit(3);
+    alarm(OFFSET_CHILD_S); /* the parent kills it too; this covers a parent that died */
+    CUcontext ctx;
+    CUmemAllocationProp p = prop_of(0, 0);
+    if (cu.Init(0) || cu.DeviceGet(&dev, 0) || cu.PrimaryCtxRetain(&ctx, dev) || cu.CtxSetCurrent(ctx))
+        _exit(4);
+    access_rw.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access_rw.location.id = dev;
+    access_rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    p.location.id = dev;
+    if (cu.MemGetAllocationGranularity(&gran_min, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) || !gran_min)
+        _exit(5);
+    first_item = 1;
+    fact_offset_map();
+    fflush(stdout);
+    _exit(0);
+}
+
+static void run_offset_child(void)
+{
+    int fds[2];
+    size_t n = 0;
+    offset_out[0] = '\0';
+    if (pipe(fds)) {
+        snprintf(offset_status, sizeof offset_status, "not run: pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(offset_status, sizeof offset_status, "not run: fork: %s", strerror(errno));
+        close(fds[0]);
+        close(fds[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        offset_child(fds[1]);
+    }
+    close(fds[1]);
+    uint64_t end = now_ns() + (uint64_t)OFFSET_CHILD_S * 1000000000u;
+    int timed_out = 0;
+    for (;;) {
+        uint64_t t = now_ns();
+        if (t >= end) {
+            timed_out = 1;
+            break;
+        }
+        struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+        int pr = poll(&pf, 1, (int)((end - t) / 1000000u) + 1);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            continue; /* the clock decides */
+        char tmp[4096];
+        ssize_t got = read(fds[0], tmp, sizeof tmp);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break; /* EOF: the child ended (or closed its output) */
+        size_t take = (size_t)got < OFFSET_OUT_MAX - n ? (size_t)got : OFFSET_OUT_MAX - n;
+        memcpy(offset_out + n, tmp, take);
+        n += take;
+    }
+    offset_out[n] = '\0';
+    close(fds[0]);
+    if (timed_out)
+        kill(pid, SIGKILL);
+    int st = 0;
+    pid_t w = 0;
+    /* a child stuck inside the driver may not die at once: wait up to 2 s, then go on without it */
+    for (int i = 0; i < 200 && (w = waitpid(pid, &st, WNOHANG)) == 0; i++)
+        usleep(10000);
+    if (w != pid)
+        snprintf(offset_status, sizeof offset_status, "child %s and was not reaped", timed_out ? "timed out" : "hung");
+    else if (timed_out)
+        snprintf(offset_status, sizeof offset_status, "child timed out after %d s (killed)", OFFSET_CHILD_S);
+    else if (WIFSIGNALED(st))
+        snprintf(offset_status, sizeof offset_status, "child killed by signal %d (%s)", WTERMSIG(st),
+                 strsignal(WTERMSIG(st)));
+    else if (WEXITSTATUS(st) != 0)
+        snprintf(offset_status, sizeof offset_status, "child exit %d (3 output, 4 init/context, 5 granularity)",
+                 WEXITSTATUS(st));
+    else if (n == 0 || offset_out[n - 1] != '}')
+        snprintf(offset_status, sizeof offset_status, "child exit 0 with incomplete output");
+    else
+        offset_status[0] = '\0'; /* complete */
+}
+
+/* The child's member of "facts", or an object saying why there is none. */
+static void emit_offset_fact(void)
+{
+    if (!offset_status[0]) {
+        printf("%s%s", first_item ? "" : ",", offset_out);
+        first_item = 0;
+        return;
+    }
+    open_obj("map_nonzero_offset");
+    kv_str("child", offset_status);
+    if (offset_out[0])
+        kv_str("child_output", offset_out);
     close_obj();
 }
 
@@ -530,18 +654,20 @@ static void fact_rdma(int supported)
             if (flag && !supported)
                 break;
             CUmemAllocationProp p = prop_of(0, flag);
-            CUdeviceptr va;
-            CUmemGenericAllocationHandle h;
+            CUdeviceptr va = 0;
+            CUmemGenericAllocationHandle h = 0;
             CUresult r = map_new(gran_min, &p, &va, &h);
-            int v = -1;
-            if (!r)
+            int mapped = r == CUDA_SUCCESS; /* map_new undoes its own partial work */
+            /* cuda.h says "a boolean" without its width: 8 zeroed bytes hold whatever it writes */
+            long long v = 0;
+            if (mapped)
                 r = cu.PointerGetAttribute(&v, CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, va);
             const char *k = flag ? "with_flag" : "without_flag";
             if (r)
                 kv_res(k, r);
             else
-                kv_int(k, v);
-            if (va && h)
+                kv_int(k, v != 0);
+            if (mapped)
                 unmap_free(va, gran_min, h);
         }
     }
@@ -753,6 +879,8 @@ int main(int argc, char **argv)
     int rc = load();
     if (rc)
         return rc;
+    if (facts)
+        run_offset_child(); /* before this process initializes CUDA */
     CUresult r = cu.Init(0);
     int ndev = 0;
     if (r == CUDA_ERROR_NO_DEVICE || (r == CUDA_SUCCESS && cu.DeviceGetCount(&ndev) == CUDA_SUCCESS && ndev == 0)) {
@@ -810,7 +938,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (facts) {
-        fact_offset_map();
+        emit_offset_fact();
         fact_access_span();
         fact_largest_reserve();
         fact_zero_fill();

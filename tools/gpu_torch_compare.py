@@ -56,6 +56,42 @@ def setup(mode, cap_bytes):
     return torch, vt
 
 
+def is_oom(torch, vt, e, ooms_before):
+    """Whether exception e was an out-of-memory failure. PyTorch's pluggable-allocator path does not
+    check a NULL from the allocator (CUDAPluggableAllocator::malloc): the tensor gets no storage and
+    the failure surfaces at its first use as "... its data is not allocated yet", or not at all for
+    torch.empty; vmmalloc's own OOM counter tells."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    m = str(e).lower()
+    if "out of memory" in m or "not allocated yet" in m:
+        return True
+    return vt is not None and ooms(vt) > ooms_before
+
+
+def ooms(vt):
+    try:
+        return vt.memory_stats(0).get("num_ooms", 0)
+    except Exception:  # noqa: BLE001 (a counter that cannot be read counts nothing)
+        return 0
+
+
+def cuda_empty(torch, vt, nbytes):
+    """torch.empty on the GPU that raises OutOfMemoryError where the allocator returned NULL (a
+    pluggable allocator's failure leaves a tensor without storage, which torch.empty never touches)."""
+    before = ooms(vt) if vt is not None else 0
+    t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    try:
+        null = t.data_ptr() == 0
+    except RuntimeError as e:  # "The tensor has a non-zero number of elements, but its data is not allocated yet"
+        if "not allocated" not in str(e):
+            raise
+        null = True
+    if null or (vt is not None and ooms(vt) > before):
+        raise torch.cuda.OutOfMemoryError("the allocator returned NULL for %d bytes" % nbytes)
+    return t
+
+
 def peaks(torch, vt):
     if vt is not None:
         st = vt.memory_stats(0)
@@ -105,10 +141,17 @@ def worker_train(mode, steps, batch, quick):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss.item()))
-    res, alloc, ooms = peaks(torch, vt)
-    return {"mode": mode, "losses": losses, "first_step_s": times[0],
+    res, alloc, n_ooms = peaks(torch, vt)
+    expandable = None
+    if vt is None:  # did the setting take? (a renamed variable would silently leave it native)
+        try:
+            segs = torch.cuda.memory._snapshot().get("segments", [])  # noqa: SLF001
+            expandable = any(sg.get("is_expandable") for sg in segs)
+        except Exception:  # noqa: BLE001 (an older snapshot format: unknown)
+            pass
+    return {"mode": mode, "expandable_segments_seen": expandable, "losses": losses, "first_step_s": times[0],
             "median_step_s": statistics.median(times[1:] or times), "peak_reserved": res,
-            "peak_allocated": alloc, "num_ooms": ooms, "params": sum(p.numel() for p in model.parameters()),
+            "peak_allocated": alloc, "num_ooms": n_ooms, "params": sum(p.numel() for p in model.parameters()),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "installed": vt.is_installed() if vt else None}
 
@@ -120,21 +163,23 @@ def worker_batch(mode, cap_gib, quick):
     seq = max(SEQ_LENS)
 
     def fits(b):
+        before = ooms(vt) if vt is not None else 0
         try:
             tokens = torch.randint(cfg.vocab_size, (b, seq + 1), device="cuda")
             one_step(torch, model, opt, tokens)
             torch.cuda.synchronize()
             del tokens
             return True
-        except torch.cuda.OutOfMemoryError:
-            return False
-        except RuntimeError as e:  # a pluggable allocator's OOM can surface as a plain RuntimeError
-            if "out of memory" in str(e).lower():
+        except RuntimeError as e:  # OutOfMemoryError is one; a pluggable allocator's OOM is another
+            if is_oom(torch, vt, e, before):
+                if "illegal" in str(e).lower():  # a NULL reached a kernel: the context is gone
+                    lost.append(b)
                 return False
             raise
         finally:
             opt.zero_grad(set_to_none=True)
 
+    lost = []
     good, bad, b = 0, None, 1
     while b <= 1024 and bad is None:
         if fits(b):
@@ -142,16 +187,19 @@ def worker_batch(mode, cap_gib, quick):
         else:
             bad = b
     tries = 0
-    while bad is not None and bad - good > 1 and tries < 4:
+    while bad is not None and bad - good > 1 and tries < 4 and not lost:
         mid = (good + bad) // 2
         if fits(mid):
             good = mid
         else:
             bad = mid
         tries += 1
-    res, alloc, ooms = peaks(torch, vt)
-    return {"mode": mode, "cap_gib": cap_gib, "seq": seq, "largest_batch": good, "first_failing": bad,
-            "peak_reserved": res, "peak_allocated": alloc}
+    res, alloc, _ = peaks(torch, vt)
+    out = {"mode": mode, "cap_gib": cap_gib, "seq": seq, "largest_batch": good, "first_failing": bad,
+           "peak_reserved": res, "peak_allocated": alloc}
+    if lost:
+        out["note"] = "search stopped: an illegal memory access after the OOM at batch %d" % lost[0]
+    return out
 
 
 def worker_sliver(mode, cap_gib):
@@ -159,17 +207,18 @@ def worker_sliver(mode, cap_gib):
     n = (cap_gib << 30) // (256 * MiB) - 1  # leave room for PyTorch's own small allocations
     out = {"mode": mode, "cap_gib": cap_gib, "n": n}
     stage = "256"
+    before = ooms(vt) if vt is not None else 0
     try:
-        xs = [torch.empty(256 * MiB, dtype=torch.uint8, device="cuda") for _ in range(n)]
+        xs = [cuda_empty(torch, vt, 256 * MiB) for _ in range(n)]
         del xs
         stage = "192"
-        ys = [torch.empty(192 * MiB, dtype=torch.uint8, device="cuda") for _ in range(n)]
+        ys = [cuda_empty(torch, vt, 192 * MiB) for _ in range(n)]
         stage = "128"
-        zs = [torch.empty(128 * MiB, dtype=torch.uint8, device="cuda") for _ in range(10)]
+        zs = [cuda_empty(torch, vt, 128 * MiB) for _ in range(10)]
         del ys, zs
         out["oom"] = None
-    except (torch.cuda.OutOfMemoryError, RuntimeError) as e:
-        if "out of memory" not in str(e).lower() and not isinstance(e, torch.cuda.OutOfMemoryError):
+    except RuntimeError as e:
+        if not is_oom(torch, vt, e, before):
             raise
         out["oom"] = "at the %s MiB stage" % stage
     out["peak_reserved"] = peaks(torch, vt)[0]
@@ -178,10 +227,13 @@ def worker_sliver(mode, cap_gib):
 
 def run(args, mode, what, timeout, cap_gib=0):
     env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    # PyTorch reads PYTORCH_ALLOC_CONF, and PYTORCH_CUDA_ALLOC_CONF (deprecated) where that is unset
+    for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env.pop(k, None)
+        if mode == "expandable":
+            env[k] = "expandable_segments:True"
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if mode == "expandable":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    env.setdefault("HF_HUB_OFFLINE", "1")  # no network there: never try the hub
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--what", what,
            "--steps", str(args.steps), "--batch", str(args.batch), "--cap-gib", str(cap_gib)]
     if args.quick:
@@ -203,11 +255,17 @@ _total = None
 
 
 def device_total():
+    """Device 0's memory from the driver (cuDeviceTotalMem): no CUDA context in this process, and
+    no second import of torch (seconds) in a child."""
     global _total
     if _total is None:
-        code = "import torch;print(torch.cuda.get_device_properties(0).total_memory)"
-        _total = int(subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                                    timeout=60).stdout.strip())
+        import ctypes  # noqa: PLC0415
+        cu = ctypes.CDLL("libcuda.so.1")
+        dev, total = ctypes.c_int(0), ctypes.c_size_t(0)
+        if cu.cuInit(0) or cu.cuDeviceGet(ctypes.byref(dev), 0) or \
+                cu.cuDeviceTotalMem_v2(ctypes.byref(total), dev) or not total.value:
+            raise RuntimeError("cuDeviceTotalMem of device 0 failed")
+        _total = total.value
     return _total
 
 
@@ -269,6 +327,11 @@ def main():
             tr[m]["max_loss_diff_vs_native"] = diff
             if not same:
                 log("MISMATCH: %s losses differ from native by up to %.3g" % (m, diff))
+                ok = False
+        for m, want in (("native", False), ("expandable", True)):
+            seen = tr[m].get("expandable_segments_seen")
+            if seen is not None and seen != want:
+                log("FAIL: the %s run %s expandable segments" % (m, "used" if seen else "did not use"))
                 ok = False
         if not tr["vmmalloc"].get("installed") or not tr["vmmalloc"].get("peak_allocated"):
             log("FAIL: vmmalloc did not serve its run (installed %s, peak allocated %s)" %
