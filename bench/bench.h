@@ -111,6 +111,7 @@ typedef struct bench_replay_result {
     uint64_t calls[VMM_SIM_CALL_COUNT]; /* driver calls during the replay, by kind */
     uint64_t device_syncs, stream_syncs, event_syncs;
     int64_t num_sync_all_streams, num_event_waits, num_alloc_retries, num_pages_remapped;
+    int64_t pool_peak_allocated[2], pool_peak_reserved[2]; /* small, large pool */
     uint64_t driver_time_ns; /* modeled by the sim */
     uint64_t host_time_ns;   /* wall time inside the allocator calls' loop */
     int64_t min_capacity;    /* -1: not measured; 0: none found up to --capacity */
