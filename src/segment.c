@@ -1069,12 +1069,14 @@ typedef struct recycle_cand {
  * pages of idle handles. Its two edge pages stay mapped (each shared with a live neighbour), and
  * a later request of the hole's size, which would have fitted in place, grows elsewhere while the
  * edge slivers stay idle beside live blocks. With 2 MiB handles the replays held up to 1.8% more
- * than they handed out at the peak when holes of one or two pages were recycled (8 MB parameters
- * of a QLoRA step, 5 MiB activations); with 3, every trace of 1 GB or more in docs/benchmarks.md
- * held at most 0.7% more (2 and 4 as well; 6 and more keep too many holes whole: +0.8%). A free
- * block at the end of a mapped run (beside unmapped pages or the segment's end) makes no new
- * slivers: one whole page is enough. The OOM path (vmm_seg_reclaim) takes every idle page. */
-enum { RECYCLE_MIN_PAGES = 3 };
+ * than they handed out at the peak when holes of one page or more were recycled (8 MB parameters
+ * of a QLoRA step, 5 MiB activations). From 2 to 5 pages every trace of 1 GB or more in
+ * docs/benchmarks.md holds at most 0.8% more; 4 gives the least smallest-capacity (at most
+ * 1.0061x the lower bound; 3: 1.0065x, and the QLoRA step 1.0055x against 1.0046x), 5 holds GPT-2's
+ * step at 1.0078 against 1.0036. A free block at the end of a mapped run (beside unmapped pages
+ * or the segment's end) makes no new slivers: one whole page is enough. The OOM path
+ * (vmm_seg_reclaim) takes every idle page. */
+enum { RECYCLE_MIN_PAGES = 4 };
 
 static int recyclable(const vmm_block *b)
 {

@@ -3,7 +3,7 @@
  * pages per pool more than it hands out on a small job (~95 MiB) and one page per stream on ten streams
  * driven by one thread, where handles sized by need up to 20 MiB (the default before) hold the
  * rest of a 20 MiB handle per growth; growth recycles a hole between live blocks only when it
- * holds RECYCLE_MIN_PAGES (3) whole pages, so a request of a small hole's size later fits in place,
+ * holds RECYCLE_MIN_PAGES (4) whole pages, so a request of a small hole's size later fits in place,
  * and a free block at the end of a mapped run whatever its size. */
 #include <stdint.h>
 #include <string.h>
@@ -105,7 +105,7 @@ static void test_ten_streams(void)
 
 /* Blocks A, H, B of 4 MiB each (whole pages); H freed makes a hole of two whole pages between live
  * blocks. A growth past the peak leaves it mapped, and a request of its size lands in it without a
- * growth. With H of 6 MiB (three pages) the growth takes its pages instead. */
+ * growth. With H of 8 MiB (four pages) the growth takes its pages instead. */
 static void hole(size_t hole_bytes, int recycled)
 {
     vmm_allocator *a = make("");
@@ -118,13 +118,13 @@ static void hole(size_t hole_bytes, int recycled)
     CHECK((uintptr_t)ph == (uintptr_t)pa + 4 * MiB && (uintptr_t)pb == (uintptr_t)ph + hole_bytes);
     CHECK_OK(vmm_free(a, ph));
     vmm_stats s0 = vmm_test_stats(a);
-    CHECK_OK(vmm_malloc(a, 8 * MiB, NULL, &pc));
+    CHECK_OK(vmm_malloc(a, 12 * MiB, NULL, &pc)); /* larger than the hole: a growth */
     CHECK_OK(vmm_check(a));
     vmm_stats s1 = vmm_test_stats(a);
     int64_t moved = s1.num_pages_remapped - s0.num_pages_remapped;
     CHECK_EQ(moved, recycled ? (int64_t)(hole_bytes / (2 * MiB)) : 0);
     CHECK_EQ(s1.reserved_bytes[VMM_POOL_LARGE].current,
-             s0.reserved_bytes[VMM_POOL_LARGE].current + 8 * (int64_t)MiB - (recycled ? (int64_t)hole_bytes : 0));
+             s0.reserved_bytes[VMM_POOL_LARGE].current + 12 * (int64_t)MiB - (recycled ? (int64_t)hole_bytes : 0));
     /* the hole's size again: in place when it stayed mapped, no new memory either way for the
      * two-page hole */
     CHECK_OK(vmm_malloc(a, hole_bytes, NULL, &pd));
@@ -170,7 +170,8 @@ int main(void)
     test_small_job();
     test_ten_streams();
     hole(4 * MiB, 0);
-    hole(6 * MiB, 1);
+    hole(6 * MiB, 0);
+    hole(8 * MiB, 1);
     test_run_end();
     TEST_DONE();
 }
