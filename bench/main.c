@@ -318,9 +318,11 @@ static void print_table(const bench_trace *t, const char *path, const bench_repl
                    bench_fmt_bytes(b2, sizeof b2, (double)c->min_capacity));
     }
     /* --handles: the default against the fixed sizes, in the three measures of issue 26 */
-    if (n == 4 && !strcmp(r[0].mode, "default"))
+    if (n == 4 && !strcmp(r[0].mode, "default")) {
+        printf("\n");
         for (int i = 0; i < n; i++)
             print_targets(t, &r[i], &r[2]);
+    }
     if (r[0].ooms && r[0].first_oom[0])
         printf("\nFirst OOM (%s): %s\n", r[0].mode, r[0].first_oom);
     if (n == 2 && r[1].ooms && r[1].first_oom[0])
