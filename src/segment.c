@@ -1070,8 +1070,8 @@ typedef struct recycle_cand {
  * a later request of the hole's size, which would have fitted in place, grows elsewhere while the
  * edge slivers stay idle beside live blocks. With 2 MiB handles the replays held up to 1.8% more
  * than they handed out at the peak when holes of one page or more were recycled (8 MB parameters
- * of a QLoRA step, 5 MiB activations). From 2 to 5 pages every trace of 1 GB or more in
- * docs/benchmarks.md holds at most 0.8% more; 4 gives the least smallest-capacity (at most
+ * of a QLoRA step, 5 MiB activations). From 2 to 5 pages the traces of 1 GB or more in
+ * docs/benchmarks.md held at most 0.8% more; 4 gives the least smallest-capacity (at most
  * 1.0061x the lower bound; 3: 1.0065x, and the QLoRA step 1.0055x against 1.0046x), 5 holds GPT-2's
  * step at 1.0078 against 1.0036. A free block at the end of a mapped run (beside unmapped pages
  * or the segment's end) makes no new slivers: one whole page is enough. The OOM path
@@ -1081,10 +1081,10 @@ enum { RECYCLE_MIN_PAGES = 4 };
 static int recyclable(const vmm_block *b)
 {
     size_t p0, p1;
-    size_t n = whole_handles(b, SIZE_MAX, &p0, &p1);
     int edge = !b->prev || b->prev->state == VMM_BLOCK_UNMAPPED || !b->next ||
                b->next->state == VMM_BLOCK_UNMAPPED;
-    return n >= (edge ? 1 : RECYCLE_MIN_PAGES);
+    size_t want = edge ? 1 : RECYCLE_MIN_PAGES;
+    return whole_handles(b, want, &p0, &p1) >= want; /* stops once it has `want` pages */
 }
 
 /* Idle FREE blocks that recyclable() takes, other than k0 / k1; stored in out unless it is NULL. */
