@@ -112,6 +112,7 @@ typedef struct bench_replay_result {
     uint64_t calls[VMM_SIM_CALL_COUNT]; /* driver calls during the replay, by kind */
     uint64_t device_syncs, stream_syncs, event_syncs;
     int64_t num_sync_all_streams, num_event_waits, num_alloc_retries, num_pages_remapped;
+    int64_t pool_peak_allocated[2], pool_peak_reserved[2]; /* small, large pool */
     uint64_t driver_time_ns; /* modeled by the sim (0 on driver:cuda: not modeled) */
     int64_t num_device_alloc, num_device_free, num_pages_mapped, num_pages_unmapped; /* vmm_stats */
     uint64_t host_time_ns;   /* wall time inside the allocator calls' loop */

@@ -239,6 +239,29 @@ def t_synthetic(bench, wdir, src):
             check(m["ooms"] > 0, f"synthetic {m['mode']}: OOMs below the lower bound")
 
 
+def t_handles(bench, wdir, src):
+    """--handles: the default beside the fixed sizes and max_handle_size:20M, per-pool peaks, the
+    steady-cost driver time and a line per column against the fragmentation targets."""
+    path = workload(wdir, TRACE)
+    modes = replay_json(bench, path, "--handles")
+    check(set(modes) == {"default", "2M handles", "20M pages", "20M by need"}, f"four columns, got {sorted(modes)}")
+    d, two = modes["default"], modes["2M handles"]
+    for key in ("peak_reserved_bytes", "driver_time_ns", "driver_calls"):
+        check(d[key] == two[key], f"the default maps one handle per page: {key} {d[key]} == {two[key]}")
+    for m in modes.values():
+        for pool in ("small", "large"):
+            check(m[f"peak_reserved_{pool}_bytes"] >= m[f"peak_allocated_{pool}_bytes"] > 0,
+                  f"{m['mode']}: {pool} pool reserved >= allocated > 0")
+        check(0 < m["driver_time_steady_ns"] < m["driver_time_ns"], f"{m['mode']}: steady costs below cold ones")
+    check(modes["20M by need"]["driver_calls"]["mem_create"] < d["driver_calls"]["mem_create"],
+          "20M handles by need create fewer handles than one per page")
+    p = run([bench, "replay", path, "--handles", "--no-progress"])
+    check(p.returncode == 0, f"--handles exit 0: {p.stderr}")
+    lines = [l for l in p.stdout.splitlines() if l.startswith(("default ", "2M handles ", "20M pages ", "20M by need "))]
+    check(len(lines) == 4 and all("held/handed" in l and "driver time" in l for l in lines),
+          f"a targets line per column: {lines}")
+
+
 def t_plot(bench, wdir, src):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "p.svg")

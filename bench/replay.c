@@ -241,6 +241,10 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
     vmm_sim_get_counters(a, &c1);
     r->peak_allocated = st.allocated_bytes[VMM_POOL_ALL].peak;
     r->peak_reserved = st.reserved_bytes[VMM_POOL_ALL].peak;
+    for (int k = 0; k < 2; k++) {
+        r->pool_peak_allocated[k] = st.allocated_bytes[VMM_POOL_SMALL + k].peak;
+        r->pool_peak_reserved[k] = st.reserved_bytes[VMM_POOL_SMALL + k].peak;
+    }
     r->num_sync_all_streams = st.num_sync_all_streams;
     r->num_event_waits = st.num_event_waits;
     r->num_alloc_retries = st.num_alloc_retries;

@@ -757,7 +757,7 @@ static const option_desc options[] = {
     {"large_page_size", p_large_page, f_large_page,
      "bytes per mapped page in the large pool, a multiple of the granularity (default 2M)"},
     {"max_handle_size", p_max_handle, f_max_handle,
-     "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 20M)"},
+     "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 2M: one handle per page; 20M: ~1/7 the driver time, up to 2% more held)"},
     {"thread_cache", p_thread_cache, f_thread_cache,
      "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; more (a power of two near 1/512) once the small pool's allocated bytes exceed 512 times this; 0 turns it off (default 4M)"},
     {"grow_unlocked", p_grow_unlocked, f_grow_unlocked,
@@ -805,8 +805,11 @@ void vmm_config_defaults(vmm_config *c)
     /* 2 MiB: the CUDA granularity on current GPUs, so a free hole never strands more than 2 MiB. */
     c->small_page_size = 2 * VMM_MiB;
     c->large_page_size = 2 * VMM_MiB;
-    /* 20 MiB: PyTorch's large-pool page, the size whose per-call cost its note measures */
-    c->max_handle_size = 20 * VMM_MiB;
+    /* 2 MiB, one handle per page: every idle page of a hole can be unmapped and serve growth
+     * elsewhere, so the replays hold at most 0.7% more than they hand out at the peak; 20M
+     * (PyTorch's large-pool page) costs ~1/7 the driver time and holds up to 2% more on the same
+     * traces (docs/benchmarks.md, "Handle sizes") */
+    c->max_handle_size = 2 * VMM_MiB;
     /* 4 MiB: a few hundred of the small blocks a step frees, a rounding error of a GPU's memory */
     c->thread_cache = 4 * VMM_MiB;
     c->grow_unlocked = 1;

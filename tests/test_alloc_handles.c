@@ -1,5 +1,5 @@
 // ctest-labels: unit
-/* Handles sized by need (max_handle_size, segment.c): a growth of many pages maps a few big
+/* Handles sized by need (max_handle_size:20M, segment.c): a growth of many pages maps a few big
  * physical handles instead of one per page, so fewer driver calls; one segment mixes handle sizes;
  * reclaim unmaps a handle only when every page of it is idle (cuMemUnmap takes whole mappings), so
  * a big handle with a page still in use stays mapped and its data intact; vmm_check agrees after
@@ -61,7 +61,9 @@ static handles_seen handles(vmm_allocator *a)
 static vmm_allocator *make(const char *extra)
 {
     char conf[256];
-    snprintf(conf, sizeof conf, "driver:sim,sim_capacity:1G,sim_backed:true,ipc:false%s", extra);
+    /* handles by need up to 20 MiB: a key since the default maps one handle per page */
+    snprintf(conf, sizeof conf, "driver:sim,sim_capacity:1G,sim_backed:true,ipc:false,max_handle_size:20M%s",
+             extra);
     vmm_allocator *a = NULL;
     CHECK_OK(vmm_create(conf, &a));
     return a;

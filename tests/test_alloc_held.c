@@ -1,0 +1,218 @@
+// ctest-labels: unit
+/* Held against handed out (docs/benchmarks.md, "Handle sizes"): the default holds at most two
+ * pages per pool more than it hands out on a small job (~95 MiB) and one page per stream on ten streams
+ * driven by one thread, where handles sized by need up to 20 MiB (the default before) hold the
+ * rest of a 20 MiB handle per growth; growth recycles a hole between live blocks only when it
+ * holds RECYCLE_MIN_PAGES (4) whole pages, so a request of a small hole's size later fits in place,
+ * and a free block at the end of a mapped run whatever its size; one thread on ten streams holds no
+ * more with its thread cache than without. */
+#include <stdint.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "vmmalloc.h"
+#include "vmmalloc_sim.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static vmm_allocator *make(const char *extra)
+{
+    char conf[256];
+    snprintf(conf, sizeof conf, "driver:sim,sim_capacity:4G,sim_backed:false,ipc:false%s", extra);
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(conf, &a));
+    return a;
+}
+
+/* Peak reserved minus peak allocated of a pool, in 2 MiB pages (rounded down). */
+static int64_t pages_over(vmm_allocator *a, int pool)
+{
+    vmm_stats st = vmm_test_stats(a);
+    return (st.reserved_bytes[pool].peak - st.allocated_bytes[pool].peak) / (int64_t)(2 * MiB);
+}
+
+/* A small CNN job: weights and activations of odd sizes kept live one after another (each a
+ * growth of one to three pages), small tensors beside them; about 100 MiB at the end. */
+static void small_job(vmm_allocator *a, void **p, size_t *n)
+{
+    static const size_t big[] = {1536 * KiB, 2359296, 4718592, 1179648, 3 * MiB + 4096, 2 * MiB + 512};
+    static const size_t small[] = {512, 4 * KiB, 64 * KiB, 256 * KiB, 147456};
+    *n = 0;
+    for (int i = 0; i < 40; i++) {
+        CHECK_OK(vmm_malloc(a, big[i % 6], NULL, &p[(*n)++]));
+        CHECK_OK(vmm_malloc(a, small[i % 5], NULL, &p[(*n)++]));
+    }
+    CHECK_OK(vmm_check(a));
+}
+
+static void test_small_job(void)
+{
+    void *p[128];
+    size_t n;
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    small_job(a, p, &n);
+    CHECK(vmm_test_stats(a).allocated_bytes[VMM_POOL_ALL].peak > 90 * (int64_t)MiB);
+    CHECK(pages_over(a, VMM_POOL_SMALL) <= 2);
+    CHECK(pages_over(a, VMM_POOL_LARGE) <= 2);
+    for (size_t i = 0; i < n; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    vmm_destroy(a);
+
+    /* the same job with handles by need up to 20 MiB: the last growth's handle reaches ahead */
+    a = make(",max_handle_size:20M");
+    if (!a)
+        return;
+    small_job(a, p, &n);
+    CHECK(pages_over(a, VMM_POOL_LARGE) > 2);
+    for (size_t i = 0; i < n; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    vmm_destroy(a);
+}
+
+/* One thread, ten streams, each with a 3 MiB block and a small one live: every stream has a
+ * segment of its own, so a big handle per stream holds its unused rest. */
+static int64_t ten_streams(const char *extra, int64_t *allocated)
+{
+    vmm_allocator *a = make(extra);
+    if (!a)
+        return -1;
+    vmm_stream s[10];
+    void *p[20];
+    for (int i = 0; i < 10; i++) {
+        CHECK_OK(vmm_sim_stream_create(a, &s[i]));
+        CHECK_OK(vmm_malloc(a, 3 * MiB, s[i], &p[2 * i]));
+        CHECK_OK(vmm_malloc(a, 24 * KiB, s[i], &p[2 * i + 1]));
+    }
+    CHECK_OK(vmm_check(a));
+    vmm_stats st = vmm_test_stats(a);
+    *allocated = st.allocated_bytes[VMM_POOL_LARGE].peak;
+    for (int i = 0; i < 20; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    vmm_destroy(a);
+    return st.reserved_bytes[VMM_POOL_LARGE].peak;
+}
+
+static void test_ten_streams(void)
+{
+    int64_t al = 0, res = ten_streams("", &al);
+    CHECK_EQ(al, 30 * (int64_t)MiB);
+    CHECK(res <= al + 10 * (int64_t)MiB); /* 2 pages for each 3 MiB block */
+    int64_t res20 = ten_streams(",max_handle_size:20M", &al);
+    CHECK(res20 >= 10 * 20 * (int64_t)MiB);
+}
+
+/* Blocks A, H, B of 4 MiB each (whole pages); H freed makes a hole of two whole pages between live
+ * blocks. A growth past the peak leaves it mapped, and a request of its size lands in it without a
+ * growth. With H of 8 MiB (four pages) the growth takes its pages instead. */
+static void hole(size_t hole_bytes, int recycled)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    void *pa, *ph, *pb, *pc, *pd;
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &pa));
+    CHECK_OK(vmm_malloc(a, hole_bytes, NULL, &ph));
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &pb));
+    CHECK((uintptr_t)ph == (uintptr_t)pa + 4 * MiB && (uintptr_t)pb == (uintptr_t)ph + hole_bytes);
+    CHECK_OK(vmm_free(a, ph));
+    vmm_stats s0 = vmm_test_stats(a);
+    CHECK_OK(vmm_malloc(a, 12 * MiB, NULL, &pc)); /* larger than the hole: a growth */
+    CHECK_OK(vmm_check(a));
+    vmm_stats s1 = vmm_test_stats(a);
+    int64_t moved = s1.num_pages_remapped - s0.num_pages_remapped;
+    CHECK_EQ(moved, recycled ? (int64_t)(hole_bytes / (2 * MiB)) : 0);
+    CHECK_EQ(s1.reserved_bytes[VMM_POOL_LARGE].current,
+             s0.reserved_bytes[VMM_POOL_LARGE].current + 12 * (int64_t)MiB - (recycled ? (int64_t)hole_bytes : 0));
+    /* the hole's size again: in place when it stayed mapped, no new memory either way for the
+     * two-page hole */
+    CHECK_OK(vmm_malloc(a, hole_bytes, NULL, &pd));
+    vmm_stats s2 = vmm_test_stats(a);
+    if (!recycled) {
+        CHECK_EQ((uintptr_t)pd, (uintptr_t)ph);
+        CHECK_EQ(s2.reserved_bytes[VMM_POOL_LARGE].current, s1.reserved_bytes[VMM_POOL_LARGE].current);
+    }
+    CHECK_OK(vmm_check(a));
+    CHECK_OK(vmm_free(a, pa));
+    CHECK_OK(vmm_free(a, pb));
+    CHECK_OK(vmm_free(a, pc));
+    CHECK_OK(vmm_free(a, pd));
+    vmm_destroy(a);
+}
+
+/* A free block at the end of the mapped run (the unmapped rest of the segment after it) goes to a
+ * growth elsewhere even with one whole page: no new slivers. */
+static void test_run_end(void)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    vmm_stream s;
+    CHECK_OK(vmm_sim_stream_create(a, &s));
+    void *pa, *pe, *pc;
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &pa));
+    CHECK_OK(vmm_malloc(a, 2 * MiB, NULL, &pe));
+    CHECK_OK(vmm_free(a, pe)); /* the run's last page, idle, beside the unmapped rest */
+    vmm_stats s0 = vmm_test_stats(a);
+    CHECK_OK(vmm_malloc(a, 8 * MiB, s, &pc)); /* another stream's segment grows */
+    vmm_stats s1 = vmm_test_stats(a);
+    CHECK_EQ(s1.num_pages_remapped - s0.num_pages_remapped, 1);
+    CHECK_EQ(s1.reserved_bytes[VMM_POOL_ALL].current, s0.reserved_bytes[VMM_POOL_ALL].current + 6 * (int64_t)MiB);
+    CHECK_OK(vmm_check(a));
+    CHECK_OK(vmm_free(a, pa));
+    CHECK_OK(vmm_free(a, pc));
+    vmm_destroy(a);
+}
+
+/* One thread on ten streams: small blocks freed in a scattered order (the thread's cache keeps some
+ * of each stream's), then a growth past the peak on one stream. The cache must hold no page that
+ * growth could have recycled: peak reserved as with thread_cache:0. */
+static int64_t scattered(const char *extra)
+{
+    vmm_allocator *a = make(extra);
+    if (!a)
+        return -1;
+    enum { S = 10, PER = 300 };
+    static void *p[S * PER];
+    vmm_stream s[S];
+    uint32_t x = 12345;
+    for (int i = 0; i < S; i++)
+        CHECK_OK(vmm_sim_stream_create(a, &s[i]));
+    for (int i = 0; i < S * PER; i++) {
+        x = x * 1103515245u + 12345u;
+        size_t size = (size_t)512 << ((x >> 16) % 8); /* 512 B .. 64 KiB */
+        CHECK_OK(vmm_malloc(a, size, s[i % S], &p[i]));
+    }
+    for (int k = 0; k < S * PER; k++) { /* every index once, scattered (7 is prime to 3000) */
+        int i = (int)(((size_t)k * 7) % (S * PER));
+        CHECK_OK(vmm_free(a, p[i]));
+    }
+    void *big;
+    CHECK_OK(vmm_malloc(a, 64 * MiB, s[0], &big));
+    CHECK_OK(vmm_check(a));
+    int64_t peak = vmm_test_stats(a).reserved_bytes[VMM_POOL_ALL].peak;
+    CHECK_OK(vmm_free(a, big));
+    vmm_destroy(a);
+    return peak;
+}
+
+static void test_scattered_caches(void)
+{
+    int64_t with = scattered(""), without = scattered(",thread_cache:0");
+    CHECK(with > 0);
+    CHECK_EQ(with, without);
+}
+
+int main(void)
+{
+    test_small_job();
+    test_ten_streams();
+    hole(4 * MiB, 0);
+    hole(6 * MiB, 0);
+    hole(8 * MiB, 1);
+    test_run_end();
+    test_scattered_caches();
+    TEST_DONE();
+}
