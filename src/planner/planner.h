@@ -33,6 +33,10 @@ typedef struct plan_ctx {
 
 static inline uint64_t plan_align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
+/* Modules call downward only: plan.c (vmm_plan, the dispatcher) > heuristics.c, exact.c,
+ * improve.c > tree.c, place.c, naive.c > problem.c (these utilities); verify.c (the independent
+ * checker and the lower bound) uses problem.c only; csv.c (files) uses verify.c's checks. */
+
 /* ---- problem.c ----------------------------------------------------------------------------- */
 /* Validate bufs and build the items. VMM_EINVAL naming the buffer, VMM_EHOSTMEM. */
 int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n);
