@@ -27,8 +27,14 @@ typedef struct plan_ctx {
     int64_t *time;     /* slots + 1 entries: the caller's time at each slot boundary */
     /* Back to the caller's buffers: buffer b sits at item_of[b]'s offset + rel[b]. */
     size_t nbuf;
-    size_t *item_of;
+    size_t *item_of;   /* SIZE_MAX: the buffer is not in this problem (unplanned, not selected) */
     uint64_t *rel;
+    size_t nplanned;   /* buffers in items */
+    unsigned char *chain; /* per item: an alias chain */
+    uint64_t *key;     /* per item: the reuse key of its (first) buffer */
+    int exact_items;   /* 0 when a chain's members differ in size (its item is then generous) */
+    uint64_t bound;    /* lower bound from the buffers (aliases counted once); <= lower_bound,
+                        * equal when exact_items */
 } plan_ctx;
 
 static inline uint64_t plan_align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
@@ -38,7 +44,16 @@ static inline uint64_t plan_align_up(uint64_t v, uint64_t a) { return (v + a - 1
  * checker and the lower bound) uses problem.c only; csv.c (files) uses verify.c's checks. */
 
 /* ---- problem.c ----------------------------------------------------------------------------- */
-/* Validate bufs and build the items. VMM_EINVAL naming the buffer, VMM_EHOSTMEM. */
+/* The rules of vmm_plan_check; messages name buffers by ids[i] when ids is not NULL, else by
+ * index; *bad (not NULL) gets the offending index. VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
+int plan_check(const vmm_plan_buffer *bufs, size_t n, char *const *ids, size_t *bad);
+/* root[i]: the first buffer of i's alias chain (i itself when not an alias). bufs checked. */
+void plan_alias_roots(const vmm_plan_buffer *bufs, size_t n, size_t *root);
+/* Buffer i is left to the runtime: its chain's root is unplanned. */
+int plan_is_unplanned(const vmm_plan_buffer *bufs, const size_t *root, size_t i);
+/* Validate bufs and build the items of the planned buffers whose chain root r has sel[r] set
+ * (sel NULL: every planned buffer, whatever its arena). VMM_EINVAL naming the buffer, VMM_EHOSTMEM. */
+int plan_ctx_build_sel(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n, const unsigned char *sel);
 int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n);
 void plan_ctx_free(plan_ctx *c);
 /* Arena of item offsets off[] (max off + size). */
@@ -50,6 +65,13 @@ double plan_now(void);
 /* Each writes one offset per item into off and returns VMM_OK or VMM_EHOSTMEM. */
 int plan_naive(const plan_ctx *c, uint64_t *off);
 int plan_greedy_shared(const plan_ctx *c, uint64_t *off);
+/* Items end to end in order of birth (lo, then index): the double cursor's lower cursor. */
+int plan_bump(const plan_ctx *c, uint64_t *off);
+
+/* ---- reuse.c -------------------------------------------------------------------------------- */
+/* torch inductor's memory_plan_reuse: in time order, an item takes the offset of the last freed
+ * item of the same size, alignment and key, else new bytes at the top. VMM_OK or VMM_EHOSTMEM. */
+int plan_reuse(const plan_ctx *c, uint64_t *off);
 
 /* ---- place.c -------------------------------------------------------------------------------- */
 enum plan_fit { PLAN_FIT_BEST = 0, PLAN_FIT_FIRST = 1, PLAN_FIT_COUNT = 2 };
