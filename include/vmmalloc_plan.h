@@ -189,6 +189,35 @@ VMM_API const char *vmm_plan_algo_name(int algo);
 /* Parse a name as written by vmm_plan_algo_name. Returns VMM_OK or VMM_EINVAL. */
 VMM_API int vmm_plan_algo_from_name(const char *name, int *algo);
 
+/* ---- instances with a known optimum ------------------------------------------------------ */
+
+/* Cut styles of vmm_plan_generate. */
+typedef enum vmm_plan_gen_style {
+    VMM_PLAN_GEN_GUILLOTINE = 0, /* "guillotine": a random piece cut straight, across time or address
+                                  * in proportion to its extents: deep, varied */
+    VMM_PLAN_GEN_BALANCED = 1,   /* "balanced": always the largest piece: shallow, even sizes */
+    VMM_PLAN_GEN_ALTERNATE = 2,  /* "alternate": time and address cuts alternate with depth */
+    VMM_PLAN_GEN_PINWHEEL = 3,   /* "pinwheel": guillotine, and one time in four a piece becomes five
+                                  * that no straight cut separates (a non-guillotine tiling) */
+    VMM_PLAN_GEN_COUNT = 4
+} vmm_plan_gen_style;
+#define VMM_PLAN_GEN_MAX 100000    /* most buffers one call cuts */
+#define VMM_PLAN_GEN_HEIGHT 1048576 /* the rectangle's bytes: the optimum arena */
+#define VMM_PLAN_GEN_GRANULE 16    /* address cuts fall on multiples of this */
+
+/*
+ * Fill out[0..n) with the pieces of the rectangle [0, 16n) x [0, VMM_PLAN_GEN_HEIGHT) cut into n
+ * by style, from seed (the same pieces for the same arguments on any platform), shuffled. Every
+ * time step is covered exactly, so the lower bound and the optimum are VMM_PLAN_GEN_HEIGHT; each
+ * out[i].offset holds its place in the cut (a plan at the optimum). Alignment 0, group -1.
+ * Returns VMM_OK, VMM_EINVAL (style, n out of 1..VMM_PLAN_GEN_MAX, NULL out), VMM_EHOSTMEM.
+ */
+VMM_API int vmm_plan_generate(int style, size_t n, uint64_t seed, vmm_plan_buffer *out);
+/* "guillotine" .., or "unknown". Static string. */
+VMM_API const char *vmm_plan_gen_style_name(int style);
+/* Parse a style name. VMM_OK or VMM_EINVAL. */
+VMM_API int vmm_plan_gen_style_from_name(const char *name, int *style);
+
 /* ---- files -------------------------------------------------------------------------------- */
 
 /* A problem read from a file: the buffers plus the id column of each (strings, as written). */

@@ -33,7 +33,40 @@ static void usage(FILE *f)
             "              two searches side by side\n"
             "  --output    write the plan (input columns plus offset); '-' for stdout\n"
             "  --json      print one JSON object instead of the text summary\n"
-            "  --plot      write the placement as an SVG picture\n");
+            "  --plot      write the placement as an SVG picture\n"
+            "or:    vmm-plan --generate STYLE --buffers N [--seed S] [--output OUT.csv]\n"
+            "  writes an instance whose optimum is its lower bound, 1048576 bytes: the rectangle\n"
+            "  [0, 16N) x [0, 1048576) cut into N buffers by STYLE (guillotine, balanced,\n"
+            "  alternate, pinwheel), shuffled; the offset column is the cut (an optimal plan)\n");
+}
+
+/* --generate: write the instance (offsets = the cut) and stop. */
+static int generate(const char *style_name, unsigned long long n, unsigned long long seed, const char *output)
+{
+    int style;
+    if (vmm_plan_gen_style_from_name(style_name, &style)) {
+        fprintf(stderr, "vmm-plan: %s\n", vmm_last_error());
+        return 2;
+    }
+    vmm_plan_problem p;
+    memset(&p, 0, sizeof p);
+    p.count = (size_t)n;
+    p.buffers = calloc(n ? n : 1, sizeof *p.buffers);
+    p.ids = calloc(n ? n : 1, sizeof *p.ids);
+    int rc = p.buffers && p.ids ? vmm_plan_generate(style, (size_t)n, seed, p.buffers) : VMM_EHOSTMEM;
+    for (size_t i = 0; !rc && i < p.count; i++) {
+        p.ids[i] = malloc(24);
+        if (!p.ids[i])
+            rc = VMM_EHOSTMEM;
+        else
+            snprintf(p.ids[i], 24, "b%zu", i);
+    }
+    if (!rc)
+        rc = vmm_plan_save_csv(&p, output ? output : "-");
+    if (rc)
+        fprintf(stderr, "vmm-plan: %s\n", rc == VMM_EHOSTMEM ? "out of host memory" : vmm_last_error());
+    vmm_plan_problem_free(&p);
+    return rc == VMM_EINVAL ? 2 : rc ? 1 : 0;
 }
 
 static int parse_num(const char *s, double *out)
@@ -48,7 +81,8 @@ static int parse_num(const char *s, double *out)
 
 int main(int argc, char **argv)
 {
-    const char *file = NULL, *output = NULL, *plot = NULL;
+    const char *file = NULL, *output = NULL, *plot = NULL, *gen = NULL;
+    unsigned long long gen_n = 0, gen_seed = 1;
     int json = 0;
     vmm_plan_options opt;
     vmm_plan_options_init(&opt);
@@ -109,6 +143,17 @@ int main(int argc, char **argv)
                 opt.capacity = c;
             }
             i++;
+        } else if (strcmp(a, "--generate") == 0 && v) {
+            gen = argv[++i];
+        } else if ((strcmp(a, "--buffers") == 0 || strcmp(a, "--seed") == 0) && v) {
+            char *end;
+            unsigned long long x = strtoull(v, &end, 10);
+            if (end == v || *end || v[0] == '-') {
+                fprintf(stderr, "vmm-plan: bad %s '%s'\n", a, v);
+                return 2;
+            }
+            *(a[2] == 'b' ? &gen_n : &gen_seed) = x;
+            i++;
         } else if (strcmp(a, "--double-cursor") == 0) {
             opt.double_cursor = 1;
         } else if (strcmp(a, "--long-lived") == 0 && v) {
@@ -139,6 +184,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (gen)
+        return generate(gen, gen_n, gen_seed, output);
     if (!file) {
         usage(stderr);
         return 2;

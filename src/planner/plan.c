@@ -80,6 +80,24 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
     uint64_t arena = plan_arena(c, off);
     if (arena <= c->lower_bound || (capacity && arena <= capacity))
         return VMM_OK;
+    if (plan_tile_applies(c)) {
+        /* Every slot at the bound: a plan there is a tiling, which the tiling search looks for
+         * with half the time (tile.c); the searches below get the rest. */
+        uint64_t tn = 0, *toff = malloc(c->n * sizeof *toff);
+        int found = 0;
+        double now = plan_now();
+        rc = toff ? plan_tile(c, deadline > now ? now + (deadline - now) / 2 : deadline, o->node_limit / 2, toff,
+                              &tn, &found)
+                  : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+        *nodes += tn;
+        if (!rc && found) {
+            memcpy(off, toff, c->n * sizeof *off);
+            snprintf(winner, wlen, "tile");
+        }
+        free(toff);
+        if (rc || found)
+            return rc;
+    }
     if (algo == VMM_PLAN_BEST && c->n > PLAN_BEST_EXACT_MAX_ITEMS) {
         rc = plan_improve(c, capacity, deadline, off);
         if (!rc && plan_arena(c, off) < arena)

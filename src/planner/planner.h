@@ -61,6 +61,9 @@ uint64_t plan_arena(const plan_ctx *c, const uint64_t *off);
 /* Monotonic seconds. */
 double plan_now(void);
 
+/* ---- generate.c ----------------------------------------------------------------------------- */
+const char *plan_gen_style_name(int style);
+
 /* ---- naive.c -------------------------------------------------------------------------------- */
 /* Each writes one offset per item into off and returns VMM_OK or VMM_EHOSTMEM. */
 int plan_naive(const plan_ctx *c, uint64_t *off);
@@ -104,6 +107,15 @@ int plan_heuristics(const plan_ctx *c, int threads, uint64_t *off, char *winner,
  * target (or the lower bound), the deadline passes or progress stops; off keeps the lowest arena
  * seen (never higher than it came in). VMM_OK or VMM_EHOSTMEM. */
 int plan_improve(const plan_ctx *c, uint64_t target, double deadline, uint64_t *off);
+
+/* ---- tile.c --------------------------------------------------------------------------------- */
+/* 1 when every slot's live bytes equal the lower bound (a plan at the bound is then a tiling). */
+int plan_tile_applies(const plan_ctx *c);
+/* Look for a plan at the lower bound by the tiling search, until the deadline or node_limit (0:
+ * none) nodes; *found = 1 and off filled when it finds one. Does nothing (found 0) unless
+ * plan_tile_applies. *nodes: nodes visited. VMM_OK or VMM_EHOSTMEM. */
+int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, uint64_t *off, uint64_t *nodes,
+              int *found);
 
 /* ---- exact.c -------------------------------------------------------------------------------- */
 typedef struct plan_exact_in {
