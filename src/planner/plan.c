@@ -94,8 +94,38 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
             memcpy(off, toff, c->n * sizeof *off);
             snprintf(winner, wlen, "tile");
         }
+        if (!rc && !found) {
+            /* The deepest partial tiling, the items it left out placed around it largest first
+             * (best fit): often far below the heuristics when the search fell short. */
+            uint32_t *order = malloc(c->n * sizeof *order);
+            rc = order ? plan_make_order(c, PLAN_ORDER_SIZE, order) : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+            if (!rc) {
+                size_t nf = 0;
+                uint32_t *rest = malloc(c->n * sizeof *rest);
+                size_t nr = 0;
+                if (!rest)
+                    rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+                for (size_t k = 0; !rc && k < c->n; k++) {
+                    if (toff[order[k]] != UINT64_MAX)
+                        order[nf++] = order[k]; /* nf <= k: in place */
+                    else
+                        rest[nr++] = order[k];
+                }
+                if (!rc && nf) {
+                    memcpy(order + nf, rest, nr * sizeof *rest);
+                    rc = plan_place_fixed(c, order, nf, PLAN_FIT_BEST, toff);
+                    if (!rc && plan_arena(c, toff) < arena) {
+                        memcpy(off, toff, c->n * sizeof *off);
+                        arena = plan_arena(c, off);
+                        snprintf(winner, wlen, "tile+best-fit");
+                    }
+                }
+                free(rest);
+            }
+            free(order);
+        }
         free(toff);
-        if (rc || found)
+        if (rc || found || (capacity && arena <= capacity))
             return rc;
     }
     if (algo == VMM_PLAN_BEST && c->n > PLAN_BEST_EXACT_MAX_ITEMS) {

@@ -92,6 +92,9 @@ int plan_make_order(const plan_ctx *c, int rule, uint32_t *order);
 /* Place items in the given order, each into the gap among time-overlapping placed items chosen by
  * fit (or on top of them all). VMM_OK or VMM_EHOSTMEM. */
 int plan_place(const plan_ctx *c, const uint32_t *order, int fit, uint64_t *off);
+/* The same with the first nfixed items of order kept where off already has them (a valid partial
+ * plan); the rest placed around them. */
+int plan_place_fixed(const plan_ctx *c, const uint32_t *order, size_t nfixed, int fit, uint64_t *off);
 const char *plan_order_name(int rule);
 const char *plan_fit_name(int fit);
 
@@ -112,8 +115,9 @@ int plan_improve(const plan_ctx *c, uint64_t target, double deadline, uint64_t *
 /* 1 when every slot's live bytes equal the lower bound (a plan at the bound is then a tiling). */
 int plan_tile_applies(const plan_ctx *c);
 /* Look for a plan at the lower bound by the tiling search, until the deadline or node_limit (0:
- * none) nodes; *found = 1 and off filled when it finds one. Does nothing (found 0) unless
- * plan_tile_applies. *nodes: nodes visited. VMM_OK or VMM_EHOSTMEM. */
+ * none) nodes; *found = 1 and off filled when it finds one. Else off holds the deepest partial
+ * tiling seen (UINT64_MAX for the items it left out; all of them when plan_tile_applies is 0,
+ * when nothing is searched). *nodes: nodes visited. VMM_OK or VMM_EHOSTMEM. */
 int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, uint64_t *off, uint64_t *nodes,
               int *found);
 
