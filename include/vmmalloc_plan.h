@@ -90,8 +90,9 @@ typedef enum vmm_plan_algo {
 
 typedef struct vmm_plan_options {
     int algo;            /* a vmm_plan_algo; default VMM_PLAN_BEST */
-    double time_limit_s; /* seconds the exact search may run (exact, best), counted from the start
-                          * of the call; default 10. See node_limit. */
+    double time_limit_s; /* seconds the searches may run (exact, best: the tiling search, the exact
+                          * search, the reordering pass), counted from the start of the call;
+                          * default 10. See node_limit. */
     uint64_t capacity;   /* 0 (default): minimise the arena. Else exact/best stop at the first plan that
                           * fits in capacity bytes, and vmm_plan returns VMM_ENOMEM when the plan it
                           * returns does not fit (vmm_last_error says whether the exact search proved
@@ -107,7 +108,9 @@ typedef struct vmm_plan_options {
                           * matter) the arena is the same on any machine, at any load, with any
                           * number of threads. Not counted: the reordering pass of best on more
                           * than 4096 buffers, which only the time limit stops. Applies to each
-                          * arena's search (and each region's, with double_cursor) on its own. */
+                          * arena's search (and each region's, with double_cursor) on its own.
+                          * On an instance whose live bytes equal the bound at every time (a
+                          * tiling, docs/planner.md) the tiling search takes half of it first. */
     const uint64_t *capacities; /* NULL, or VMM_PLAN_MAX_ARENAS entries: capacities[a] > 0 is arena
                           * a's capacity (in place of `capacity`), 0 takes `capacity` */
     int double_cursor;   /* 1: best/exact/heuristics keep the long-lived buffers (see long_lived)

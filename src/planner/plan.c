@@ -45,6 +45,45 @@ VMM_API void vmm_plan_options_init(vmm_plan_options *opt)
     opt->time_limit_s = PLAN_DEFAULT_TIME_LIMIT_S;
 }
 
+/* The tiling search fell short: its deepest partial tiling (part, UINT64_MAX for the items it left
+ * out) with the rest placed around it, in each order x fit rule of the heuristics; the lowest
+ * replaces off when below *arena. */
+static int tile_fallback(const plan_ctx *c, const uint64_t *part, uint64_t *off, uint64_t *arena, char *winner,
+                         size_t wlen)
+{
+    size_t n = c->n, nf = 0;
+    for (size_t i = 0; i < n; i++)
+        nf += part[i] != UINT64_MAX;
+    if (nf == 0)
+        return VMM_OK;
+    uint32_t *order = malloc(n * sizeof *order), *rule = malloc(n * sizeof *rule);
+    uint64_t *cur = malloc(n * sizeof *cur);
+    int rc = order && rule && cur ? VMM_OK : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+    for (int r = 0; !rc && r < PLAN_ORDER_COUNT; r++) {
+        rc = plan_make_order(c, r, rule);
+        size_t k = 0, m = nf;
+        for (size_t j = 0; !rc && j < n; j++) /* the partial first (kept), then the rest by the rule */
+            if (part[rule[j]] != UINT64_MAX)
+                order[k++] = rule[j];
+            else
+                order[m++] = rule[j];
+        for (int fit = 0; !rc && fit < PLAN_FIT_COUNT; fit++) {
+            memcpy(cur, part, n * sizeof *cur);
+            rc = plan_place_fixed(c, order, nf, fit, cur);
+            uint64_t a = rc ? UINT64_MAX : plan_arena(c, cur);
+            if (a < *arena) {
+                memcpy(off, cur, n * sizeof *off);
+                *arena = a;
+                snprintf(winner, wlen, "tile+%s/%s", plan_order_name(r), plan_fit_name(fit));
+            }
+        }
+    }
+    free(order);
+    free(rule);
+    free(cur);
+    return rc;
+}
+
 /* Run algo on the items; fills off and the region's optimal/nodes/winner. */
 static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint64_t capacity, double deadline,
                     uint64_t *off, char *winner, size_t wlen, uint64_t *nodes, int *optimal, int *infeasible)
@@ -86,7 +125,8 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
         uint64_t tn = 0, *toff = malloc(c->n * sizeof *toff);
         int found = 0;
         double now = plan_now();
-        rc = toff ? plan_tile(c, deadline > now ? now + (deadline - now) / 2 : deadline, o->node_limit / 2, toff,
+        rc = toff ? plan_tile(c, deadline > now ? now + (deadline - now) / 2 : deadline,
+                              o->node_limit ? (o->node_limit > 1 ? o->node_limit / 2 : 1) : 0, toff,
                               &tn, &found)
                   : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
         *nodes += tn;
@@ -94,36 +134,8 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
             memcpy(off, toff, c->n * sizeof *off);
             snprintf(winner, wlen, "tile");
         }
-        if (!rc && !found) {
-            /* The deepest partial tiling, the items it left out placed around it largest first
-             * (best fit): often far below the heuristics when the search fell short. */
-            uint32_t *order = malloc(c->n * sizeof *order);
-            rc = order ? plan_make_order(c, PLAN_ORDER_SIZE, order) : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
-            if (!rc) {
-                size_t nf = 0;
-                uint32_t *rest = malloc(c->n * sizeof *rest);
-                size_t nr = 0;
-                if (!rest)
-                    rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
-                for (size_t k = 0; !rc && k < c->n; k++) {
-                    if (toff[order[k]] != UINT64_MAX)
-                        order[nf++] = order[k]; /* nf <= k: in place */
-                    else
-                        rest[nr++] = order[k];
-                }
-                if (!rc && nf) {
-                    memcpy(order + nf, rest, nr * sizeof *rest);
-                    rc = plan_place_fixed(c, order, nf, PLAN_FIT_BEST, toff);
-                    if (!rc && plan_arena(c, toff) < arena) {
-                        memcpy(off, toff, c->n * sizeof *off);
-                        arena = plan_arena(c, off);
-                        snprintf(winner, wlen, "tile+best-fit");
-                    }
-                }
-                free(rest);
-            }
-            free(order);
-        }
+        if (!rc && !found)
+            rc = tile_fallback(c, toff, off, &arena, winner, wlen);
         free(toff);
         if (rc || found || (capacity && arena <= capacity))
             return rc;
