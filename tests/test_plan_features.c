@@ -69,8 +69,9 @@ static void in_place(void)
         CHECK_EQ(r.lower_bound_bytes, 96);
         CHECK_EQ(r.arena_bytes, 96); /* two blocks, any order */
     }
-    /* Unequal sizes: the chain is planned as one block of 100 B, the bound counts each buffer
-     * with its own size and the shared step once: max(100 + 8 at step 4 .. , ...) */
+    /* Unequal sizes: the chain is planned as one block of 100 B over [0, 9), so c (60 B) goes
+     * above it; the bound counts each buffer at its own size and the shared step 4 once: 100 at
+     * steps 0-4, 40 + 60 at 5-8. */
     vmm_plan_buffer u[3] = {buf(0, 5, 100), alias_of(buf(4, 9, 40), 0), buf(5, 9, 60)};
     CHECK_OK(vmm_plan_lower_bound(u, 3, &lb));
     CHECK_EQ(lb, 100);
@@ -178,7 +179,8 @@ static void double_cursor(void)
     uint64_t x = 12345;
     for (int i = 0; i < N; i++) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
-        int64_t lo = (int64_t)(x >> 33) % 90, len = i % 4 == 0 ? 60 + (int64_t)(x >> 20) % 40 : 1 + (int64_t)(x >> 24) % 12;
+        int64_t lo = (int64_t)(x >> 33) % 90;
+        int64_t len = i % 4 == 0 ? 60 + (int64_t)(x >> 20) % 40 : 1 + (int64_t)(x >> 24) % 12;
         b[i] = buf(lo, lo + len, 16 * (1 + (x >> 40) % 32));
     }
     vmm_plan_result best, cur;

@@ -217,7 +217,8 @@ int plan_ctx_build_sel(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n, const
     size_t *root = calloc(n ? n : 1, sizeof *root);
     int64_t *times = calloc(2 * n + 2, sizeof *times);
     bevent *ev = NULL;
-    if (!c->item_of || !c->rel || !c->items || !c->chain || !c->key || !lo || !hi || !gidx || !gtmp || !root || !times) {
+    if (!c->item_of || !c->rel || !c->items || !c->chain || !c->key || !lo || !hi || !gidx || !gtmp || !root ||
+        !times) {
         rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
         goto out;
     }

@@ -1,18 +1,21 @@
 /* The tiling search: plans that meet the lower bound on instances where every time slot's live
  * bytes equal it (the perfect packings of generate.c, and any instance whose peak is reached at
- * every moment). There a plan at the bound leaves no byte idle at any slot, so every slot is
- * filled from 0 upwards without holes, and an item can only sit on a flat stretch of the filled
- * height ("skyline") within its lifetime. Take a maximal stretch [a, b) of
- * equal height h below the cap: the cell (slot a, height h) must be covered by an item starting
- * exactly at slot a (an item reaching back to a - 1 would overlap there, or sit on a hole) and
- * when a - 1 is higher (a wall); likewise the cell (b - 1, h) by an item ending exactly at b,
- * when slot b is higher. Such an item must never meet a slot above h. Where both sides are walls
- * the item must also fit between them, so it can be placed now: the search branches on such a
- * cell with the fewest candidates (as dancing links picks the column with the fewest rows; the
- * lowest stretch always has walls both sides), fails a node when any wall cell has none, and
- * places each item at its stretch's height. Identical items are tried once per node. Restarts with doubling node budgets
- * and a different tie order each (a fixed sequence: the search is anytime in nodes, as exact.c).
- * Other instances (some slot below the bound) are not for this search: plan_tile says so. */
+ * every moment). There a plan at the bound leaves no byte idle at any slot, so every slot fills
+ * from 0 upwards without holes, and an item can only sit on a flat stretch of the filled height
+ * ("skyline") over its whole lifetime. Take a maximal stretch [a, b) of equal height h below the
+ * cap. When slot a - 1 is higher (a wall; or a is the edge), the cell (slot a, height h) must be
+ * covered by an item starting exactly at a (one reaching back to a - 1 would overlap there), and
+ * that item may never meet a slot above h; likewise the cell (b - 1, h) by an item ending exactly
+ * at b when slot b is higher. With walls both sides the item must also fit between them, so it can
+ * be placed now: the search branches on such a cell with the fewest candidates (as dancing links
+ * picks the column with the fewest rows; the lowest stretch always has walls both sides), fails a
+ * node when any wall cell has none or the items that can fill up to a wall's top lack the bytes,
+ * and places each item at its stretch's height. Identical items are tried once per node. A slot
+ * boundary no unplaced item crosses splits the problem into parts solved on their own; parts
+ * proven impossible are remembered (a hash cache). Restarts follow Luby's sequence of node
+ * budgets, in both time directions, each with another tie order: a fixed sequence, so the search
+ * is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
+ * search: plan_tile_applies says so. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,8 +24,8 @@
 enum {
     TILE_CLOCK_EVERY = 256, /* nodes between clock reads */
     TILE_MAX_LEVEL = 40,
-    TILE_MEMO = 1 << 16, /* entries of the impossible-part cache (512 KiB per orientation) */
-    TILE_UNIT = 2, /* a restart's budget: TILE_UNIT (n + 1) nodes times 2^(Luby level) */
+    TILE_MEMO = 1 << 16,    /* entries of the impossible-part cache (512 KiB per orientation) */
+    TILE_UNIT = 2,          /* a restart's budget: TILE_UNIT (n + 1) nodes times 2^(Luby level) */
 };
 
 typedef struct ts {
