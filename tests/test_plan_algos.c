@@ -69,13 +69,15 @@ int main(void)
 {
     vmm_plan_result r;
     /* MiniMalloc's example: optimum 12 = the bound. */
-    vmm_plan_buffer ex[5] = {{0, 3, 4, 0, -1, 0}, {3, 9, 4, 0, -1, 0}, {0, 9, 4, 0, -1, 0},
-                             {9, 21, 4, 0, -1, 0}, {0, 21, 4, 0, -1, 0}};
+    vmm_plan_buffer ex[5] = {{0, 3, 4, 0, -1, 0, 0, 0, 0, 0}, {3, 9, 4, 0, -1, 0, 0, 0, 0, 0}, {0, 9, 4, 0, -1, 0, 0, 0, 0, 0},
+                             {9, 21, 4, 0, -1, 0, 0, 0, 0, 0}, {0, 21, 4, 0, -1, 0, 0, 0, 0, 0}};
     for (int a = 0; a < VMM_PLAN_ALGO_COUNT; a++) {
         CHECK_OK(run(ex, 5, a, 0, &r));
         CHECK_EQ(r.lower_bound_bytes, 12);
         if (a == VMM_PLAN_NAIVE)
             CHECK_EQ(r.arena_bytes, 20);
+        else if (a == VMM_PLAN_DOUBLE_CURSOR) /* the two living >= half the span (8 B) below the rest (8 B) */
+            CHECK_EQ(r.arena_bytes, 16);
         else
             CHECK_EQ(r.arena_bytes, 12);
     }
@@ -87,7 +89,7 @@ int main(void)
         int perm[TINY];
         for (int i = 0; i < TINY; i++) {
             int64_t lo = (int64_t)rnd(6);
-            b[i] = (vmm_plan_buffer){lo, lo + 1 + (int64_t)rnd(4), 1 + rnd(9), 0, -1, 0};
+            b[i] = (vmm_plan_buffer){lo, lo + 1 + (int64_t)rnd(4), 1 + rnd(9), 0, -1, 0, 0, 0, 0, 0};
             perm[i] = i;
         }
         uint64_t opt = best_of_orders(b, TINY, perm, 0, off, UINT64_MAX);
@@ -110,8 +112,8 @@ int main(void)
     printf("exact beat greedy-size on %d of %d tiny instances\n", improved, TRIALS);
 
     /* Alignment and groups through every algorithm. */
-    vmm_plan_buffer g[6] = {{0, 4, 100, 64, 1, 0}, {0, 4, 28, 0, 1, 0}, {2, 8, 64, 128, -1, 0},
-                            {4, 9, 10, 0, 2, 0},   {5, 9, 30, 32, 2, 0}, {8, 12, 5, 0, -1, 0}};
+    vmm_plan_buffer g[6] = {{0, 4, 100, 64, 1, 0, 0, 0, 0, 0}, {0, 4, 28, 0, 1, 0, 0, 0, 0, 0}, {2, 8, 64, 128, -1, 0, 0, 0, 0, 0},
+                            {4, 9, 10, 0, 2, 0, 0, 0, 0, 0},   {5, 9, 30, 32, 2, 0, 0, 0, 0, 0}, {8, 12, 5, 0, -1, 0, 0, 0, 0, 0}};
     for (int a = 0; a < VMM_PLAN_ALGO_COUNT; a++) {
         CHECK_OK(run(g, 6, a, 0, &r));
         CHECK_EQ(g[1].offset, g[0].offset + 100);
@@ -119,7 +121,7 @@ int main(void)
         CHECK_EQ(g[2].offset % 128, 0);
     }
     /* Bad input leaves the array alone. */
-    vmm_plan_buffer bad[2] = {{0, 4, 8, 0, -1, 77}, {4, 4, 8, 0, -1, 77}};
+    vmm_plan_buffer bad[2] = {{0, 4, 8, 0, -1, 77, 0, 0, 0, 0}, {4, 4, 8, 0, -1, 77, 0, 0, 0, 0}};
     CHECK_EQ(vmm_plan(bad, 2, NULL, &r), VMM_EINVAL);
     CHECK_EQ(bad[0].offset, 77);
     vmm_plan_options o;

@@ -83,7 +83,7 @@ int main(void)
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             int64_t lo = (int64_t)(x % 10);
             b[i] = (vmm_plan_buffer){lo, lo + 1 + (int64_t)(x >> 8) % 6, 1 + (x >> 16) % 40,
-                                     (x >> 24) % 3 == 0 ? 8 : 0, -1, 0};
+                                     (x >> 24) % 3 == 0 ? 8 : 0, -1, 0, 0, 0, 0, 0};
         }
         vmm_plan_result r;
         CHECK_OK(plan_with(b, N, VMM_PLAN_EXACT, 0, &r));

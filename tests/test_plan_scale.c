@@ -19,7 +19,7 @@ int main(void)
     for (int i = 0; i < N; i++) {
         int64_t lo = rand() % HORIZON;
         b[i] = (vmm_plan_buffer){lo, lo + 1 + rand() % MAX_LIFE, 512 * (uint64_t)(1 + rand() % 4096),
-                                 i % 7 == 0 ? 4096 : 0, -1, 0};
+                                 i % 7 == 0 ? 4096 : 0, -1, 0, 0, 0, 0, 0};
     }
     vmm_plan_options o;
     vmm_plan_options_init(&o);

@@ -8,7 +8,7 @@
 
 static vmm_plan_buffer buf(int64_t lo, int64_t hi, uint64_t size, uint64_t off)
 {
-    vmm_plan_buffer b = {lo, hi, size, 0, -1, off};
+    vmm_plan_buffer b = {lo, hi, size, 0, -1, off, 0, 0, 0, 0};
     return b;
 }
 

@@ -78,6 +78,8 @@ static int parse_u64(field f, uint64_t *out)
 typedef struct builder {
     vmm_plan_problem *p;
     size_t cap;
+    size_t *line;  /* per buffer: its line (for messages after the whole file is read) */
+    char **alias;  /* per buffer: the alias column's id, NULL when empty */
 } builder;
 
 static int add_buffer(builder *b, const vmm_plan_buffer *buf, const char *id, size_t idlen)
@@ -93,8 +95,18 @@ static int add_buffer(builder *b, const vmm_plan_buffer *buf, const char *id, si
         if (!ni)
             return VMM_EHOSTMEM;
         p->ids = ni;
+        size_t *nl = realloc(b->line, nc * sizeof *nl);
+        if (!nl)
+            return VMM_EHOSTMEM;
+        b->line = nl;
+        char **na = realloc(b->alias, nc * sizeof *na);
+        if (!na)
+            return VMM_EHOSTMEM;
+        b->alias = na;
         b->cap = nc;
     }
+    b->line[p->count] = 0;
+    b->alias[p->count] = NULL;
     char *s = malloc(idlen + 1);
     if (!s)
         return VMM_EHOSTMEM;
@@ -159,6 +171,56 @@ static void map_erase(open_map *m, size_t h)
     }
 }
 
+/* Id lookup for the alias column: open addressing over buffer indices by FNV-1a of the id. */
+static uint64_t id_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Resolve every alias id to an index; 0 or VMM_EINVAL/VMM_EHOSTMEM with the message set. */
+static int resolve_aliases(builder *b, const char *name)
+{
+    vmm_plan_problem *p = b->p;
+    size_t cap = 16;
+    while (cap < 2 * p->count)
+        cap *= 2;
+    size_t *tab = calloc(cap, sizeof *tab); /* index + 1; 0 empty */
+    if (!tab)
+        return vmm_fail(VMM_EHOSTMEM, "%s: out of host memory", name);
+    int rc = VMM_OK;
+    for (size_t i = 0; i < p->count; i++) {
+        size_t h = (size_t)id_hash(p->ids[i]) & (cap - 1);
+        while (tab[h] && strcmp(p->ids[tab[h] - 1], p->ids[i]) != 0)
+            h = (h + 1) & (cap - 1);
+        if (!tab[h])
+            tab[h] = i + 1;
+        else if (p->has_alias) { /* ids only need to be unique when aliases name them */
+            rc = vmm_fail(VMM_EINVAL, "%s:%zu: id '%s' already used on line %zu", name, b->line[i], p->ids[i],
+                          b->line[tab[h] - 1]);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < p->count; i++) {
+        if (!b->alias[i])
+            continue;
+        size_t h = (size_t)id_hash(b->alias[i]) & (cap - 1);
+        while (tab[h] && strcmp(p->ids[tab[h] - 1], b->alias[i]) != 0)
+            h = (h + 1) & (cap - 1);
+        if (!tab[h]) {
+            rc = vmm_fail(VMM_EINVAL, "%s:%zu: alias '%s' names no buffer", name, b->line[i], b->alias[i]);
+            goto out;
+        }
+        p->buffers[i].flags |= VMM_PLAN_ALIAS;
+        p->buffers[i].alias = tab[h] - 1;
+    }
+out:
+    free(tab);
+    return rc;
+}
+
 #define PARSE_FAIL(...)                                                                   \
     do {                                                                                  \
         rc = vmm_fail(VMM_EINVAL, __VA_ARGS__);                                           \
@@ -172,11 +234,12 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
     memset(out, 0, sizeof *out);
     if (!name)
         name = "(input)";
-    builder b = {out, 0};
+    builder b = {out, 0, NULL, NULL};
     open_map map = {NULL, NULL, 0, 0};
     field f[CSV_MAX_FIELDS];
     int rc = VMM_OK, nhead = 0, trace = 0;
     int col_id = -1, col_lo = -1, col_hi = -1, col_size = -1, col_align = -1, col_group = -1;
+    int col_arena = -1, col_unplanned = -1, col_alias = -1, col_key = -1;
     int col_action = -1, col_addr = -1;
     size_t line = 0;
     int64_t ordinal = 0;
@@ -204,6 +267,10 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
                             : field_is(f[k], "size")      ? &col_size
                             : field_is(f[k], "alignment") ? &col_align
                             : field_is(f[k], "group")     ? &col_group
+                            : field_is(f[k], "arena")     ? &col_arena
+                            : field_is(f[k], "unplanned") ? &col_unplanned
+                            : field_is(f[k], "alias")     ? &col_alias
+                            : field_is(f[k], "key")       ? &col_key
                             : field_is(f[k], "action")    ? &col_action
                             : field_is(f[k], "addr")      ? &col_addr
                                                           : NULL;
@@ -219,6 +286,12 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
             out->from_trace = trace;
             out->has_alignment = col_align >= 0;
             out->has_group = col_group >= 0;
+            if (!trace) {
+                out->has_arena = col_arena >= 0;
+                out->has_unplanned = col_unplanned >= 0;
+                out->has_alias = col_alias >= 0;
+                out->has_key = col_key >= 0;
+            }
             continue;
         }
         if (nf != nhead)
@@ -245,7 +318,7 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
                     continue;
                 char id[24];
                 int idl = snprintf(id, sizeof id, "%zu", out->count);
-                vmm_plan_buffer nb = {t, INT64_MAX, size, 0, -1, 0};
+                vmm_plan_buffer nb = {t, INT64_MAX, size, 0, -1, 0, 0, 0, 0, 0};
                 if (add_buffer(&b, &nb, id, (size_t)idl))
                     PARSE_FAIL("%s: out of host memory", name);
                 map.key[h] = addr;
@@ -257,7 +330,7 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
             } /* a free of a block allocated before the recording began: nothing to plan */
             continue;
         }
-        vmm_plan_buffer nb = {0, 0, 0, 0, -1, 0};
+        vmm_plan_buffer nb = {0, 0, 0, 0, -1, 0, 0, 0, 0, 0};
         if (parse_i64(f[col_lo], &nb.lower))
             PARSE_FAIL("%s:%zu: bad lower '%.*s'", name, line, (int)f[col_lo].len, f[col_lo].p);
         if (parse_i64(f[col_hi], &nb.upper))
@@ -275,8 +348,33 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
         if (col_group >= 0 && f[col_group].len && (parse_i64(f[col_group], &nb.group) || nb.group < -1))
             PARSE_FAIL("%s:%zu: bad group '%.*s' (an integer >= -1)", name, line, (int)f[col_group].len,
                        f[col_group].p);
+        uint64_t v;
+        if (col_arena >= 0 && f[col_arena].len) {
+            if (parse_u64(f[col_arena], &v) || v >= VMM_PLAN_MAX_ARENAS)
+                PARSE_FAIL("%s:%zu: unknown arena '%.*s' (an integer from 0 to %d)", name, line,
+                           (int)f[col_arena].len, f[col_arena].p, VMM_PLAN_MAX_ARENAS - 1);
+            nb.arena = (uint32_t)v;
+        }
+        if (col_unplanned >= 0 && f[col_unplanned].len) {
+            if (parse_u64(f[col_unplanned], &v) || v > 1)
+                PARSE_FAIL("%s:%zu: bad unplanned '%.*s' (0 or 1)", name, line, (int)f[col_unplanned].len,
+                           f[col_unplanned].p);
+            nb.flags |= v ? VMM_PLAN_UNPLANNED : 0;
+        }
+        if (col_key >= 0 && f[col_key].len && parse_u64(f[col_key], &nb.key))
+            PARSE_FAIL("%s:%zu: bad key '%.*s' (an unsigned integer)", name, line, (int)f[col_key].len,
+                       f[col_key].p);
         if (add_buffer(&b, &nb, f[col_id].p, f[col_id].len))
             PARSE_FAIL("%s: out of host memory", name);
+        b.line[out->count - 1] = line;
+        if (col_alias >= 0 && f[col_alias].len) {
+            char *a = malloc(f[col_alias].len + 1);
+            if (!a)
+                PARSE_FAIL("%s: out of host memory", name);
+            memcpy(a, f[col_alias].p, f[col_alias].len);
+            a[f[col_alias].len] = '\0';
+            b.alias[out->count - 1] = a;
+        }
     }
     if (nhead == 0)
         PARSE_FAIL("%s:%zu: empty input (no header)", name, line ? line : (size_t)1);
@@ -284,7 +382,27 @@ VMM_API int vmm_plan_parse_csv(const char *text, size_t len, const char *name, v
         for (size_t i = 0; i < out->count; i++)
             if (out->buffers[i].upper == INT64_MAX)
                 out->buffers[i].upper = ordinal; /* never freed: live to the end */
+    if (!trace) {
+        rc = resolve_aliases(&b, name);
+        if (rc)
+            goto out;
+        size_t bad = 0;
+        /* The rules of vmm_plan (arenas, aliases, unplanned), named by line and id. */
+        if (plan_check(out->buffers, out->count, out->ids, &bad)) {
+            const char *why = vmm_last_error();
+            if (strncmp(why, "plan: ", 6) == 0)
+                why += 6;
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", why);
+            rc = vmm_fail(VMM_EINVAL, "%s:%zu: %s", name, b.line[bad], msg);
+            goto out;
+        }
+    }
 out:
+    for (size_t i = 0; b.alias && i < out->count; i++)
+        free(b.alias[i]);
+    free(b.alias);
+    free(b.line);
     free(map.key);
     free(map.val);
     if (rc)
@@ -347,8 +465,12 @@ VMM_API int vmm_plan_save_csv(const vmm_plan_problem *p, const char *path)
     FILE *fp = to_stdout ? stdout : fopen(path, "w");
     if (!fp)
         return vmm_fail(VMM_ENOTSUP, "%s: cannot write: %s", path, strerror(errno));
-    fprintf(fp, "id,lower,upper,size%s%s,offset\n", p->has_alignment ? ",alignment" : "",
-            p->has_group ? ",group" : "");
+    int arena = p->has_arena;
+    for (size_t i = 0; i < p->count; i++)
+        arena |= p->buffers[i].arena != 0;
+    fprintf(fp, "id,lower,upper,size%s%s%s%s%s%s,offset\n", p->has_alignment ? ",alignment" : "",
+            p->has_group ? ",group" : "", arena ? ",arena" : "", p->has_unplanned ? ",unplanned" : "",
+            p->has_alias ? ",alias" : "", p->has_key ? ",key" : "");
     for (size_t i = 0; i < p->count; i++) {
         const vmm_plan_buffer *b = &p->buffers[i];
         fprintf(fp, "%s,%lld,%lld,%llu", p->ids[i], (long long)b->lower, (long long)b->upper,
@@ -357,6 +479,14 @@ VMM_API int vmm_plan_save_csv(const vmm_plan_problem *p, const char *path)
             fprintf(fp, ",%llu", (unsigned long long)b->alignment);
         if (p->has_group)
             fprintf(fp, ",%lld", (long long)b->group);
+        if (arena)
+            fprintf(fp, ",%u", b->arena);
+        if (p->has_unplanned)
+            fprintf(fp, ",%d", (b->flags & VMM_PLAN_UNPLANNED) ? 1 : 0);
+        if (p->has_alias)
+            fprintf(fp, ",%s", (b->flags & VMM_PLAN_ALIAS) && b->alias < p->count ? p->ids[b->alias] : "");
+        if (p->has_key)
+            fprintf(fp, ",%llu", (unsigned long long)b->key);
         fprintf(fp, ",%llu\n", (unsigned long long)b->offset);
     }
     int bad = ferror(fp);
@@ -373,40 +503,72 @@ VMM_API int vmm_plan_save_svg(const vmm_plan_problem *p, const char *path)
         return vmm_fail(VMM_EINVAL, "plan svg: NULL argument");
     if (p->count == 0)
         return vmm_fail(VMM_EINVAL, "plan svg: no buffers to draw");
+    if (plan_check(p->buffers, p->count, p->ids, NULL))
+        return VMM_EINVAL;
+    size_t *root = malloc(p->count * sizeof *root);
+    if (!root)
+        return vmm_fail(VMM_EHOSTMEM, "plan svg: out of host memory");
+    plan_alias_roots(p->buffers, p->count, root);
     int64_t t0 = p->buffers[0].lower, t1 = p->buffers[0].upper;
-    uint64_t top = 0;
+    uint64_t top[VMM_PLAN_MAX_ARENAS] = {0};
+    unsigned used = 0;
+    size_t unplanned = 0, aliases = 0;
     for (size_t i = 0; i < p->count; i++) {
         const vmm_plan_buffer *b = &p->buffers[i];
         t0 = b->lower < t0 ? b->lower : t0;
         t1 = b->upper > t1 ? b->upper : t1;
-        top = b->offset + b->size > top ? b->offset + b->size : top;
+        if (plan_is_unplanned(p->buffers, root, i)) {
+            unplanned++;
+            continue;
+        }
+        used |= 1u << b->arena;
+        aliases += root[i] != i;
+        top[b->arena] = b->offset + b->size > top[b->arena] ? b->offset + b->size : top[b->arena];
     }
     FILE *fp = fopen(path, "w");
-    if (!fp)
+    if (!fp) {
+        free(root);
         return vmm_fail(VMM_ENOTSUP, "%s: cannot write: %s", path, strerror(errno));
-    double w = SVG_WIDTH - 2 * SVG_MARGIN, h = SVG_HEIGHT - 2 * SVG_MARGIN;
-    double sx = w / (double)(t1 - t0), sy = h / (double)(top ? top : 1);
+    }
+    int panels = __builtin_popcount(used);
+    double w = SVG_WIDTH - 2 * SVG_MARGIN, gap = 24;
+    double ph = panels ? (SVG_HEIGHT - 2 * SVG_MARGIN - gap * (panels - 1)) / panels : 0;
+    double sx = w / (double)(t1 - t0);
     fprintf(fp, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n",
             SVG_WIDTH, SVG_HEIGHT, SVG_WIDTH, SVG_HEIGHT);
     fprintf(fp, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    fprintf(fp, "<text x=\"%d\" y=\"%d\" font-family=\"sans-serif\" font-size=\"14\">%zu buffers, arena %llu "
-            "bytes; time across, address up</text>\n", SVG_MARGIN, SVG_MARGIN - 12, p->count,
-            (unsigned long long)top);
-    fprintf(fp, "<rect x=\"%d\" y=\"%d\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n",
-            SVG_MARGIN, SVG_MARGIN, w, h);
-    for (size_t i = 0; i < p->count; i++) {
-        const vmm_plan_buffer *b = &p->buffers[i];
-        /* Golden-angle hues keep neighbours apart. */
-        unsigned hue = (unsigned)((i * 137u) % 360u);
-        double x = SVG_MARGIN + (double)(b->lower - t0) * sx;
-        double y = SVG_MARGIN + h - (double)(b->offset + b->size) * sy;
-        fprintf(fp, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"hsl(%u,60%%,60%%)\" "
-                "stroke=\"black\" stroke-width=\"0.3\"><title>%s [%lld,%lld) size %llu offset %llu</title></rect>\n",
-                x, y, (double)(b->upper - b->lower) * sx, (double)b->size * sy, hue, p->ids[i],
-                (long long)b->lower, (long long)b->upper, (unsigned long long)b->size,
-                (unsigned long long)b->offset);
+    fprintf(fp, "<text x=\"%d\" y=\"%d\" font-family=\"sans-serif\" font-size=\"14\">%zu buffers (%zu unplanned, "
+            "not drawn; %zu in place, dashed), %d arena%s; time across, address up</text>\n", SVG_MARGIN,
+            SVG_MARGIN - 12, p->count, unplanned, aliases, panels, panels == 1 ? "" : "s");
+    int k = 0;
+    for (uint32_t a = 0; a < VMM_PLAN_MAX_ARENAS; a++) {
+        if (!(used >> a & 1u))
+            continue;
+        double y0 = SVG_MARGIN + k * (ph + gap), sy = ph / (double)(top[a] ? top[a] : 1);
+        k++;
+        fprintf(fp, "<rect x=\"%d\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"black\"/>\n",
+                SVG_MARGIN, y0, w, ph);
+        fprintf(fp, "<text x=\"%d\" y=\"%.1f\" font-family=\"sans-serif\" font-size=\"11\">arena %u: %llu bytes"
+                "</text>\n", SVG_MARGIN + 4, y0 + 12, a, (unsigned long long)top[a]);
+        for (size_t i = 0; i < p->count; i++) {
+            const vmm_plan_buffer *b = &p->buffers[i];
+            if (b->arena != a || plan_is_unplanned(p->buffers, root, i))
+                continue;
+            /* Golden-angle hues keep neighbours apart; a chain takes its root's hue. */
+            unsigned hue = (unsigned)((root[i] * 137u) % 360u);
+            double x = SVG_MARGIN + (double)(b->lower - t0) * sx;
+            double y = y0 + ph - (double)(b->offset + b->size) * sy;
+            fprintf(fp, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"hsl(%u,60%%,60%%)\" "
+                    "stroke=\"black\" stroke-width=\"%s\"%s><title>%s [%lld,%lld) size %llu offset %llu%s%s</title>"
+                    "</rect>\n", x, y, (double)(b->upper - b->lower) * sx, (double)b->size * sy, hue,
+                    root[i] != i ? "1" : "0.3", root[i] != i ? " stroke-dasharray=\"3,2\"" : "", p->ids[i],
+                    (long long)b->lower, (long long)b->upper, (unsigned long long)b->size,
+                    (unsigned long long)b->offset, root[i] != i ? ", in place of " : "",
+                    root[i] != i ? p->ids[b->alias] : "");
+        }
     }
     fprintf(fp, "</svg>\n");
+    free(root);
     int bad = ferror(fp);
     bad |= fclose(fp) != 0;
     return bad ? vmm_fail(VMM_ENOTSUP, "%s: write error", path) : VMM_OK;

@@ -117,3 +117,34 @@ out:
     free(order);
     return rc ? vmm_fail(VMM_EHOSTMEM, "plan: out of host memory") : VMM_OK;
 }
+
+typedef struct by_birth {
+    uint32_t lo, idx;
+} by_birth;
+
+static int cmp_birth(const void *a, const void *b)
+{
+    const by_birth *x = a, *y = b;
+    if (x->lo != y->lo)
+        return x->lo < y->lo ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+int plan_bump(const plan_ctx *c, uint64_t *off)
+{
+    by_birth *o = malloc((c->n ? c->n : 1) * sizeof *o);
+    if (!o)
+        return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+    for (size_t i = 0; i < c->n; i++)
+        o[i] = (by_birth){c->items[i].lo, (uint32_t)i};
+    qsort(o, c->n, sizeof *o, cmp_birth);
+    uint64_t cur = 0;
+    for (size_t k = 0; k < c->n; k++) {
+        const plan_item *it = &c->items[o[k].idx];
+        cur = plan_align_up(cur, it->align);
+        off[o[k].idx] = cur;
+        cur += it->size;
+    }
+    free(o);
+    return VMM_OK;
+}

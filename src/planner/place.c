@@ -188,6 +188,11 @@ static uint64_t choose_gap(const span *s, size_t n, uint64_t size, uint64_t alig
 
 int plan_place(const plan_ctx *c, const uint32_t *order, int fit, uint64_t *off)
 {
+    return plan_place_fixed(c, order, 0, fit, off);
+}
+
+int plan_place_fixed(const plan_ctx *c, const uint32_t *order, size_t nfixed, int fit, uint64_t *off)
+{
     seg_tree t = {1, NULL, NULL};
     while (t.leaves < c->slots)
         t.leaves *= 2;
@@ -200,6 +205,10 @@ int plan_place(const plan_ctx *c, const uint32_t *order, int fit, uint64_t *off)
     for (size_t k = 0; !rc && k < c->n; k++) {
         uint32_t i = order[k];
         const plan_item *it = &c->items[i];
+        if (k < nfixed) {
+            rc = seg_insert(&t, 1, 0, t.leaves, it->lo, it->hi, (entry){i, it->lo});
+            continue;
+        }
         q.n = 0;
         seg_query(&q, 1, 0, t.leaves, it->lo, it->hi);
         if (q.oom) {

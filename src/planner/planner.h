@@ -27,14 +27,33 @@ typedef struct plan_ctx {
     int64_t *time;     /* slots + 1 entries: the caller's time at each slot boundary */
     /* Back to the caller's buffers: buffer b sits at item_of[b]'s offset + rel[b]. */
     size_t nbuf;
-    size_t *item_of;
+    size_t *item_of;   /* SIZE_MAX: the buffer is not in this problem (unplanned, not selected) */
     uint64_t *rel;
+    size_t nplanned;   /* buffers in items */
+    unsigned char *chain; /* per item: an alias chain */
+    uint64_t *key;     /* per item: the reuse key of its (first) buffer */
+    int exact_items;   /* 0 when a chain's members differ in size (its item is then generous) */
+    uint64_t bound;    /* lower bound from the buffers (aliases counted once); <= lower_bound,
+                        * equal when exact_items */
 } plan_ctx;
 
 static inline uint64_t plan_align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
+/* Modules call downward only: plan.c (vmm_plan, the dispatcher) > heuristics.c, exact.c,
+ * improve.c > tree.c, place.c, naive.c > problem.c (these utilities); verify.c (the independent
+ * checker and the lower bound) uses problem.c only; csv.c (files) uses verify.c's checks. */
+
 /* ---- problem.c ----------------------------------------------------------------------------- */
-/* Validate bufs and build the items. VMM_EINVAL naming the buffer, VMM_EHOSTMEM. */
+/* The rules of vmm_plan_check; messages name buffers by ids[i] when ids is not NULL, else by
+ * index; *bad (not NULL) gets the offending index. VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
+int plan_check(const vmm_plan_buffer *bufs, size_t n, char *const *ids, size_t *bad);
+/* root[i]: the first buffer of i's alias chain (i itself when not an alias). bufs checked. */
+void plan_alias_roots(const vmm_plan_buffer *bufs, size_t n, size_t *root);
+/* Buffer i is left to the runtime: its chain's root is unplanned. */
+int plan_is_unplanned(const vmm_plan_buffer *bufs, const size_t *root, size_t i);
+/* Validate bufs and build the items of the planned buffers whose chain root r has sel[r] set
+ * (sel NULL: every planned buffer, whatever its arena). VMM_EINVAL naming the buffer, VMM_EHOSTMEM. */
+int plan_ctx_build_sel(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n, const unsigned char *sel);
 int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n);
 void plan_ctx_free(plan_ctx *c);
 /* Arena of item offsets off[] (max off + size). */
@@ -42,10 +61,20 @@ uint64_t plan_arena(const plan_ctx *c, const uint64_t *off);
 /* Monotonic seconds. */
 double plan_now(void);
 
+/* ---- generate.c ----------------------------------------------------------------------------- */
+const char *plan_gen_style_name(int style);
+
 /* ---- naive.c -------------------------------------------------------------------------------- */
 /* Each writes one offset per item into off and returns VMM_OK or VMM_EHOSTMEM. */
 int plan_naive(const plan_ctx *c, uint64_t *off);
 int plan_greedy_shared(const plan_ctx *c, uint64_t *off);
+/* Items end to end in order of birth (lo, then index): the double cursor's lower cursor. */
+int plan_bump(const plan_ctx *c, uint64_t *off);
+
+/* ---- reuse.c -------------------------------------------------------------------------------- */
+/* torch inductor's memory_plan_reuse: in time order, an item takes the offset of the last freed
+ * item of the same size, alignment and key, else new bytes at the top. VMM_OK or VMM_EHOSTMEM. */
+int plan_reuse(const plan_ctx *c, uint64_t *off);
 
 /* ---- place.c -------------------------------------------------------------------------------- */
 enum plan_fit { PLAN_FIT_BEST = 0, PLAN_FIT_FIRST = 1, PLAN_FIT_COUNT = 2 };
@@ -63,6 +92,9 @@ int plan_make_order(const plan_ctx *c, int rule, uint32_t *order);
 /* Place items in the given order, each into the gap among time-overlapping placed items chosen by
  * fit (or on top of them all). VMM_OK or VMM_EHOSTMEM. */
 int plan_place(const plan_ctx *c, const uint32_t *order, int fit, uint64_t *off);
+/* The same with the first nfixed items of order kept where off already has them (a valid partial
+ * plan); the rest placed around them. */
+int plan_place_fixed(const plan_ctx *c, const uint32_t *order, size_t nfixed, int fit, uint64_t *off);
 const char *plan_order_name(int rule);
 const char *plan_fit_name(int fit);
 
@@ -78,6 +110,16 @@ int plan_heuristics(const plan_ctx *c, int threads, uint64_t *off, char *winner,
  * target (or the lower bound), the deadline passes or progress stops; off keeps the lowest arena
  * seen (never higher than it came in). VMM_OK or VMM_EHOSTMEM. */
 int plan_improve(const plan_ctx *c, uint64_t target, double deadline, uint64_t *off);
+
+/* ---- tile.c --------------------------------------------------------------------------------- */
+/* 1 when every slot's live bytes equal the lower bound (a plan at the bound is then a tiling). */
+int plan_tile_applies(const plan_ctx *c);
+/* Look for a plan at the lower bound by the tiling search, until the deadline or node_limit (0:
+ * none) nodes; *found = 1 and off filled when it finds one. Else off holds the deepest partial
+ * tiling seen (UINT64_MAX for the items it left out; all of them when plan_tile_applies is 0,
+ * when nothing is searched). *nodes: nodes visited. VMM_OK or VMM_EHOSTMEM. */
+int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, uint64_t *off, uint64_t *nodes,
+              int *found);
 
 /* ---- exact.c -------------------------------------------------------------------------------- */
 typedef struct plan_exact_in {

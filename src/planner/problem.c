@@ -1,9 +1,10 @@
-/* The planning problem: validation, items (groups fused), time compression, and vmm_plan itself. */
+/* The planning problem, the utilities every algorithm uses: validation, items (groups fused),
+ * time compression, arena of a plan, the clock. Calls nothing above it (the dispatcher, vmm_plan,
+ * is plan.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "planner.h"
 
@@ -11,13 +12,7 @@ enum {
     /* Sizes are capped so that sums over every buffer (naive plans, group layouts) cannot wrap:
      * 2^62 bytes leaves two bits of headroom for alignment padding. */
     PLAN_MAX_BYTES_SHIFT = 62,
-    /* "best" skips the exact search above this many items: the search keeps O(items) state per
-     * node and a conflict list per item, and the heuristics are within a fraction of a percent of
-     * the bound on real traces that large; there the reordering pass (improve.c) runs instead
-     * (docs/planner.md). */
-    PLAN_BEST_EXACT_MAX_ITEMS = 4096,
 };
-#define PLAN_DEFAULT_TIME_LIMIT_S 10.0
 
 double plan_now(void)
 {
@@ -46,21 +41,129 @@ static uint32_t time_rank(const int64_t *times, size_t nt, int64_t t)
     return (uint32_t)lo;
 }
 
-static int validate_buffer(const vmm_plan_buffer *b, size_t i)
+/* "buffer 3" or, with ids, "buffer 'b3'", for messages. */
+static const char *bname(char *const *ids, size_t i, char *buf, size_t len)
 {
-    if (b->size == 0)
-        return vmm_fail(VMM_EINVAL, "plan: buffer %zu has size 0", i);
-    if (b->size >> PLAN_MAX_BYTES_SHIFT)
-        return vmm_fail(VMM_EINVAL, "plan: buffer %zu size %llu too large", i, (unsigned long long)b->size);
-    if (b->upper <= b->lower)
-        return vmm_fail(VMM_EINVAL, "plan: buffer %zu has empty lifetime [%lld, %lld)", i,
-                        (long long)b->lower, (long long)b->upper);
-    if (b->alignment & (b->alignment - 1))
-        return vmm_fail(VMM_EINVAL, "plan: buffer %zu alignment %llu is not a power of two", i,
-                        (unsigned long long)b->alignment);
-    if (b->alignment >> PLAN_MAX_BYTES_SHIFT)
-        return vmm_fail(VMM_EINVAL, "plan: buffer %zu alignment too large", i);
-    return VMM_OK;
+    if (ids)
+        snprintf(buf, len, "buffer '%s'", ids[i]);
+    else
+        snprintf(buf, len, "buffer %zu", i);
+    return buf;
+}
+
+#define CHECK_FAIL(i, ...)                                                                          \
+    do {                                                                                            \
+        if (bad)                                                                                    \
+            *bad = (i);                                                                             \
+        rc = vmm_fail(VMM_EINVAL, __VA_ARGS__);                                                     \
+        goto out;                                                                                   \
+    } while (0)
+
+int plan_check(const vmm_plan_buffer *bufs, size_t n, char *const *ids, size_t *bad)
+{
+    if (n > 0 && !bufs)
+        return vmm_fail(VMM_EINVAL, "plan: NULL buffer array");
+    char nm[96], nm2[96];
+    int rc = VMM_OK;
+    unsigned char *taken = NULL;
+    for (size_t i = 0; i < n; i++) {
+        const vmm_plan_buffer *b = &bufs[i];
+        bname(ids, i, nm, sizeof nm);
+        if (b->size == 0)
+            CHECK_FAIL(i, "plan: %s has size 0", nm);
+        if (b->size >> PLAN_MAX_BYTES_SHIFT)
+            CHECK_FAIL(i, "plan: %s size %llu too large", nm, (unsigned long long)b->size);
+        if (b->upper <= b->lower)
+            CHECK_FAIL(i, "plan: %s has empty lifetime [%lld, %lld)", nm, (long long)b->lower,
+                       (long long)b->upper);
+        if (b->alignment & (b->alignment - 1))
+            CHECK_FAIL(i, "plan: %s alignment %llu is not a power of two", nm, (unsigned long long)b->alignment);
+        if (b->alignment >> PLAN_MAX_BYTES_SHIFT)
+            CHECK_FAIL(i, "plan: %s alignment too large", nm);
+        if (b->arena >= VMM_PLAN_MAX_ARENAS)
+            CHECK_FAIL(i, "plan: %s: unknown arena %u (ids 0 to %d)", nm, b->arena, VMM_PLAN_MAX_ARENAS - 1);
+        if (b->flags & ~(VMM_PLAN_UNPLANNED | VMM_PLAN_ALIAS))
+            CHECK_FAIL(i, "plan: %s: unknown flags 0x%x", nm, b->flags);
+        if ((b->flags & VMM_PLAN_UNPLANNED) && b->group >= 0)
+            CHECK_FAIL(i, "plan: %s: a group member cannot be unplanned", nm);
+    }
+    taken = calloc(n ? n : 1, 1);
+    if (!taken)
+        return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+    for (size_t i = 0; i < n; i++) {
+        const vmm_plan_buffer *b = &bufs[i];
+        if (!(b->flags & VMM_PLAN_ALIAS))
+            continue;
+        bname(ids, i, nm, sizeof nm);
+        if (b->alias == i)
+            CHECK_FAIL(i, "plan: %s aliases itself", nm);
+        if (b->alias >= n)
+            CHECK_FAIL(i, "plan: %s: alias %llu is not a buffer index (%zu buffers)", nm,
+                       (unsigned long long)b->alias, n);
+        const vmm_plan_buffer *a = &bufs[b->alias];
+        bname(ids, b->alias, nm2, sizeof nm2);
+        if (b->group >= 0)
+            CHECK_FAIL(i, "plan: %s: a group member cannot be an alias", nm);
+        if (a->group >= 0)
+            CHECK_FAIL(i, "plan: %s: its alias %s is a group member", nm, nm2);
+        if (a->arena != b->arena)
+            CHECK_FAIL(i, "plan: %s (arena %u) aliases %s in another arena (%u)", nm, b->arena, nm2, a->arena);
+        /* The operator at step b.lower reads a for the last time and writes b over it. */
+        if (a->upper != b->lower + 1 || a->lower >= b->lower)
+            CHECK_FAIL(i, "plan: %s, born at %lld, may only alias a buffer born before and dying at that step "
+                       "(upper %lld); %s lives [%lld, %lld)", nm, (long long)b->lower, (long long)b->lower + 1,
+                       nm2, (long long)a->lower, (long long)a->upper);
+        if (taken[b->alias])
+            CHECK_FAIL(i, "plan: %s: %s is already aliased by another buffer", nm, nm2);
+        if ((b->flags & VMM_PLAN_UNPLANNED) && !(a->flags & VMM_PLAN_UNPLANNED))
+            CHECK_FAIL(i, "plan: %s is unplanned but aliases %s, which is planned", nm, nm2);
+        taken[b->alias] = 1;
+    }
+out:
+    free(taken);
+    return rc;
+}
+#undef CHECK_FAIL
+
+VMM_API int vmm_plan_check(const vmm_plan_buffer *bufs, size_t n, size_t *bad)
+{
+    return plan_check(bufs, n, NULL, bad);
+}
+
+void plan_alias_roots(const vmm_plan_buffer *bufs, size_t n, size_t *root)
+{
+    /* Aliases point to buffers born strictly earlier (plan_check), so chains end. Each walk stops
+     * at a buffer already resolved, then the path is filled in: O(n) in all. */
+    for (size_t i = 0; i < n; i++)
+        root[i] = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i;
+        while (root[j] == SIZE_MAX && (bufs[j].flags & VMM_PLAN_ALIAS))
+            j = (size_t)bufs[j].alias;
+        size_t r = root[j] != SIZE_MAX ? root[j] : j;
+        for (size_t k = i; root[k] == SIZE_MAX;) {
+            root[k] = r;
+            if (!(bufs[k].flags & VMM_PLAN_ALIAS))
+                break;
+            k = (size_t)bufs[k].alias;
+        }
+    }
+}
+
+int plan_is_unplanned(const vmm_plan_buffer *bufs, const size_t *root, size_t i)
+{
+    return (bufs[root[i]].flags & VMM_PLAN_UNPLANNED) != 0;
+}
+
+typedef struct bevent {
+    int64_t t;
+    int64_t d; /* bytes starting (+) or ending (-) */
+} bevent;
+
+static int cmp_bevent(const void *a, const void *b)
+{
+    const bevent *x = a, *y = b;
+    return (x->t > y->t) - (x->t < y->t);
 }
 
 /* Group members sorted by (group, position in the array); a merge sort keeps this reentrant
@@ -85,49 +188,77 @@ static void sort_members(size_t *idx, size_t *tmp, size_t n, const vmm_plan_buff
     memcpy(idx, tmp, n * sizeof *idx);
 }
 
-int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n)
+int plan_ctx_build_sel(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n, const unsigned char *sel)
 {
     memset(c, 0, sizeof *c);
-    if (n > 0 && !bufs)
-        return vmm_fail(VMM_EINVAL, "plan: NULL buffer array");
     if (n >= UINT32_MAX / 2)
         return vmm_fail(VMM_EINVAL, "plan: too many buffers (%zu)", n);
+    int rc = plan_check(bufs, n, NULL, NULL);
+    if (rc)
+        return rc;
     uint64_t total = 0;
     size_t ngrouped = 0;
     for (size_t i = 0; i < n; i++) {
-        int rc = validate_buffer(&bufs[i], i);
-        if (rc)
-            return rc;
         total += bufs[i].size + (bufs[i].alignment ? bufs[i].alignment : 1);
         if (total >> PLAN_MAX_BYTES_SHIFT)
             return vmm_fail(VMM_EINVAL, "plan: total of sizes too large");
         ngrouped += bufs[i].group >= 0;
     }
     c->nbuf = n;
+    c->exact_items = 1;
     c->item_of = calloc(n ? n : 1, sizeof *c->item_of);
     c->rel = calloc(n ? n : 1, sizeof *c->rel);
     c->items = calloc(n ? n : 1, sizeof *c->items);
+    c->chain = calloc(n ? n : 1, 1);
+    c->key = calloc(n ? n : 1, sizeof *c->key);
     int64_t *lo = calloc(n ? n : 1, sizeof *lo), *hi = calloc(n ? n : 1, sizeof *hi);
     size_t *gidx = calloc(ngrouped ? ngrouped : 1, sizeof *gidx);
     size_t *gtmp = calloc(ngrouped ? ngrouped : 1, sizeof *gtmp);
+    size_t *root = calloc(n ? n : 1, sizeof *root);
     int64_t *times = calloc(2 * n + 2, sizeof *times);
-    int rc = VMM_OK;
-    if (!c->item_of || !c->rel || !c->items || !lo || !hi || !gidx || !gtmp || !times) {
+    bevent *ev = NULL;
+    if (!c->item_of || !c->rel || !c->items || !c->chain || !c->key || !lo || !hi || !gidx || !gtmp || !root ||
+        !times) {
         rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
         goto out;
     }
+    plan_alias_roots(bufs, n, root);
     size_t ni = 0, ng = 0;
     for (size_t i = 0; i < n; i++) {
+        c->item_of[i] = SIZE_MAX; /* not in this problem until placed in an item */
+        if (plan_is_unplanned(bufs, root, i) || (sel && !sel[root[i]]))
+            continue;
         if (bufs[i].group >= 0) {
             gidx[ng++] = i;
             continue;
         }
+        if (root[i] != i)
+            continue; /* an alias: joins its chain's item below */
         c->item_of[i] = ni;
         c->items[ni].size = bufs[i].size;
         c->items[ni].align = bufs[i].alignment ? bufs[i].alignment : 1;
+        c->key[ni] = bufs[i].key;
         lo[ni] = bufs[i].lower;
         hi[ni] = bufs[i].upper;
+        c->nplanned++;
         ni++;
+    }
+    /* Alias chains: one item at the root's offset, the largest member's size and alignment, over
+     * the whole chain's lifetime (the root is born first). */
+    for (size_t i = 0; i < n; i++) {
+        size_t r = root[i];
+        if (r == i || c->item_of[r] == SIZE_MAX)
+            continue;
+        size_t it = c->item_of[r];
+        c->item_of[i] = it;
+        c->chain[it] = 1;
+        uint64_t al = bufs[i].alignment ? bufs[i].alignment : 1;
+        if (bufs[i].size != c->items[it].size)
+            c->exact_items = 0;
+        c->items[it].size = bufs[i].size > c->items[it].size ? bufs[i].size : c->items[it].size;
+        c->items[it].align = al > c->items[it].align ? al : c->items[it].align;
+        hi[it] = bufs[i].upper > hi[it] ? bufs[i].upper : hi[it];
+        c->nplanned++;
     }
     sort_members(gidx, gtmp, ng, bufs);
     for (size_t s = 0; s < ng;) {
@@ -151,6 +282,8 @@ int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n)
         }
         c->items[ni].size = pos;
         c->items[ni].align = align;
+        c->key[ni] = bufs[gidx[s]].key;
+        c->nplanned += e - s;
         lo[ni] = glo;
         hi[ni] = ghi;
         ni++;
@@ -192,7 +325,45 @@ int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n)
         if (cur > c->lower_bound)
             c->lower_bound = cur;
     }
+    c->bound = c->lower_bound;
+    if (!c->exact_items) {
+        /* The items overstate chains of unequal sizes: the bound from the buffers themselves,
+         * each chain member with its own size, a link counted once over the step it shares. */
+        size_t ne = 0;
+        ev = malloc((4 * n + 1) * sizeof *ev);
+        if (!ev) {
+            rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
+            goto out;
+        }
+        for (size_t i = 0; i < ni; i++)
+            if (!c->chain[i]) {
+                ev[ne++] = (bevent){lo[i], (int64_t)c->items[i].size};
+                ev[ne++] = (bevent){hi[i], -(int64_t)c->items[i].size};
+            }
+        for (size_t i = 0; i < n; i++) {
+            if (c->item_of[i] == SIZE_MAX || !c->chain[c->item_of[i]])
+                continue;
+            ev[ne++] = (bevent){bufs[i].lower, (int64_t)bufs[i].size};
+            ev[ne++] = (bevent){bufs[i].upper, -(int64_t)bufs[i].size};
+            if (bufs[i].flags & VMM_PLAN_ALIAS) {
+                const vmm_plan_buffer *t = &bufs[bufs[i].alias];
+                int64_t m = (int64_t)(t->size < bufs[i].size ? t->size : bufs[i].size);
+                ev[ne++] = (bevent){bufs[i].lower, -m};
+                ev[ne++] = (bevent){t->upper, m};
+            }
+        }
+        qsort(ev, ne, sizeof *ev, cmp_bevent);
+        int64_t live = 0, peak = 0;
+        for (size_t k = 0; k < ne; k++) {
+            live += ev[k].d;
+            if ((k + 1 == ne || ev[k + 1].t != ev[k].t) && live > peak)
+                peak = live; /* after every event of one time */
+        }
+        c->bound = (uint64_t)peak;
+    }
 out:
+    free(ev);
+    free(root);
     free(lo);
     free(hi);
     free(gidx);
@@ -203,9 +374,16 @@ out:
     return rc;
 }
 
+int plan_ctx_build(plan_ctx *c, const vmm_plan_buffer *bufs, size_t n)
+{
+    return plan_ctx_build_sel(c, bufs, n, NULL);
+}
+
 void plan_ctx_free(plan_ctx *c)
 {
     free(c->items);
+    free(c->chain);
+    free(c->key);
     free(c->live);
     free(c->time);
     free(c->item_of);
@@ -220,158 +398,4 @@ uint64_t plan_arena(const plan_ctx *c, const uint64_t *off)
         if (off[i] + c->items[i].size > a)
             a = off[i] + c->items[i].size;
     return a;
-}
-
-static const char *const algo_names[VMM_PLAN_ALGO_COUNT] = {
-    "naive", "greedy", "greedy-size", "tree", "heuristics", "exact", "best",
-};
-
-VMM_API const char *vmm_plan_algo_name(int algo)
-{
-    return algo >= 0 && algo < VMM_PLAN_ALGO_COUNT ? algo_names[algo] : "unknown";
-}
-
-VMM_API int vmm_plan_algo_from_name(const char *name, int *algo)
-{
-    for (int i = 0; name && algo && i < VMM_PLAN_ALGO_COUNT; i++)
-        if (strcmp(name, algo_names[i]) == 0) {
-            *algo = i;
-            return VMM_OK;
-        }
-    return vmm_fail(VMM_EINVAL, "plan: unknown algorithm '%s' (naive, greedy, greedy-size, tree, "
-                                "heuristics, exact, best)", name ? name : "(null)");
-}
-
-VMM_API void vmm_plan_options_init(vmm_plan_options *opt)
-{
-    if (!opt)
-        return;
-    memset(opt, 0, sizeof *opt);
-    opt->algo = VMM_PLAN_BEST;
-    opt->time_limit_s = PLAN_DEFAULT_TIME_LIMIT_S;
-}
-
-/* Run the chosen algorithm on the items; fills off and the result's optimal/nodes/winner. */
-static int run_algo(const plan_ctx *c, const vmm_plan_options *o, double t0, uint64_t *off,
-                    vmm_plan_result *r, int *infeasible)
-{
-    int rc = VMM_OK;
-    switch (o->algo) {
-    case VMM_PLAN_NAIVE:
-        return plan_naive(c, off);
-    case VMM_PLAN_GREEDY:
-        return plan_greedy_shared(c, off);
-    case VMM_PLAN_TREE:
-        return plan_tree(c, off);
-    case VMM_PLAN_GREEDY_SIZE: {
-        uint32_t *order = malloc((c->n ? c->n : 1) * sizeof *order);
-        if (!order)
-            return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
-        rc = plan_make_order(c, PLAN_ORDER_SIZE, order);
-        if (!rc)
-            rc = plan_place(c, order, PLAN_FIT_BEST, off);
-        free(order);
-        return rc;
-    }
-    default:
-        break;
-    }
-    rc = plan_heuristics(c, o->threads, off, r->winner, sizeof r->winner);
-    if (rc || o->algo == VMM_PLAN_HEURISTICS)
-        return rc;
-    uint64_t arena = plan_arena(c, off);
-    if (arena <= c->lower_bound || (o->capacity && arena <= o->capacity))
-        return VMM_OK;
-    if (o->algo == VMM_PLAN_BEST && c->n > PLAN_BEST_EXACT_MAX_ITEMS) {
-        rc = plan_improve(c, o->capacity, t0 + o->time_limit_s, off);
-        if (!rc && plan_arena(c, off) < arena)
-            snprintf(r->winner, sizeof r->winner, "improve");
-        return rc;
-    }
-    uint64_t *seed = malloc(c->n * sizeof *seed);
-    if (!seed)
-        return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
-    memcpy(seed, off, c->n * sizeof *seed);
-    plan_exact_in ei = {o->capacity, t0 + o->time_limit_s, {UINT64_MAX, UINT64_MAX}, o->threads};
-    if (o->node_limit && o->capacity)
-        ei.node_limit[0] = o->node_limit;
-    else if (o->node_limit) /* in all: half each */
-        ei.node_limit[0] = o->node_limit - o->node_limit / 2, ei.node_limit[1] = o->node_limit / 2;
-    if (ei.threads <= 0) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        ei.threads = cpus > 0 ? (int)cpus : 1;
-    }
-    plan_exact_out eo;
-    rc = plan_exact(c, seed, &ei, off, &eo);
-    free(seed);
-    r->nodes = eo.nodes;
-    if (!rc && plan_arena(c, off) < arena)
-        snprintf(r->winner, sizeof r->winner, "exact");
-    if (!rc && eo.optimal && !o->capacity)
-        r->optimal = 1;
-    *infeasible = eo.infeasible;
-    return rc;
-}
-
-VMM_API int vmm_plan(vmm_plan_buffer *bufs, size_t n, const vmm_plan_options *opt, vmm_plan_result *res)
-{
-    double t0 = plan_now();
-    vmm_plan_options o;
-    vmm_plan_options_init(&o);
-    if (opt)
-        o = *opt;
-    if (o.algo < 0 || o.algo >= VMM_PLAN_ALGO_COUNT)
-        return vmm_fail(VMM_EINVAL, "plan: unknown algorithm %d", o.algo);
-    if (!(o.time_limit_s >= 0) || o.threads < 0)
-        return vmm_fail(VMM_EINVAL, "plan: bad time limit or thread count");
-    vmm_plan_result r;
-    memset(&r, 0, sizeof r);
-    snprintf(r.winner, sizeof r.winner, "%s", vmm_plan_algo_name(o.algo));
-    plan_ctx c;
-    int rc = plan_ctx_build(&c, bufs, n);
-    if (rc)
-        return rc;
-    uint64_t *off = calloc(c.n ? c.n : 1, sizeof *off);
-    vmm_plan_buffer *tmp = malloc((n ? n : 1) * sizeof *tmp);
-    int infeasible = 0;
-    if (!off || !tmp) {
-        rc = vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
-        goto out;
-    }
-    rc = run_algo(&c, &o, t0, off, &r, &infeasible);
-    if (rc)
-        goto out;
-    for (size_t i = 0; i < n; i++) {
-        tmp[i] = bufs[i];
-        tmp[i].offset = off[c.item_of[i]] + c.rel[i];
-    }
-    uint64_t arena = 0;
-    rc = vmm_plan_verify(tmp, n, &arena);
-    if (rc) {
-        rc = vmm_fail(VMM_ECORRUPT, "plan: %s produced an invalid plan: %s", vmm_plan_algo_name(o.algo),
-                      vmm_last_error());
-        goto out;
-    }
-    if (arena != plan_arena(&c, off)) {
-        rc = vmm_fail(VMM_ECORRUPT, "plan: arena mismatch (%llu vs %llu)", (unsigned long long)arena,
-                      (unsigned long long)plan_arena(&c, off));
-        goto out;
-    }
-    memcpy(bufs, tmp, n * sizeof *bufs);
-    r.arena_bytes = arena;
-    r.lower_bound_bytes = c.lower_bound;
-    if (arena <= c.lower_bound)
-        r.optimal = 1;
-    r.seconds = plan_now() - t0;
-    if (res)
-        *res = r;
-    if (o.capacity && arena > o.capacity)
-        rc = vmm_fail(VMM_ENOMEM, "plan: %s: %s plan of %llu bytes exceeds capacity %llu",
-                      vmm_plan_algo_name(o.algo), infeasible ? "proven: no" : "best found",
-                      (unsigned long long)arena, (unsigned long long)o.capacity);
-out:
-    free(off);
-    free(tmp);
-    plan_ctx_free(&c);
-    return rc;
 }
