@@ -6,7 +6,8 @@
  * holds RECYCLE_MIN_PAGES (4) whole pages, so a request of a small hole's size later fits in place,
  * and a free block at the end of a mapped run whatever its size; one thread on ten streams holds no
  * more with its thread cache than without, and on six streams whose small blocks that stay were
- * allocated after their stream's temporaries were freed, at most two pages more. */
+ * allocated after their stream's temporaries were freed, at most two pages more; a small request
+ * takes a large-pool sliver between live blocks before a new small-pool page. */
 #include <stdint.h>
 #include <string.h>
 
@@ -261,6 +262,39 @@ static void test_offload_streams(void)
     CHECK(with <= without + (int64_t)(2 * 2 * MiB));
 }
 
+/* A small request with no fit in the small pool takes a large-pool sliver (1 MiB or less, between
+ * two live blocks: no large request fits it) instead of a new small-pool page; a sliver at the end
+ * of a mapped run is left to growth. */
+static void test_large_sliver(void)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    void *x, *y, *z, *s1, *s2;
+    CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &x));
+    CHECK_OK(vmm_malloc(a, 5 * MiB / 2, NULL, &y)); /* its last page: 0.5 MiB free, then unmapped */
+    CHECK_EQ((uintptr_t)y, (uintptr_t)x + 3 * MiB);
+    CHECK_OK(vmm_free(a, x));
+    CHECK_OK(vmm_malloc(a, 5 * MiB / 2, NULL, &z)); /* x's hole: 0.5 MiB left before y */
+    CHECK_EQ((uintptr_t)z, (uintptr_t)x);
+    CHECK_OK(vmm_malloc(a, 256 * KiB, NULL, &s1));
+    CHECK_EQ((uintptr_t)s1, (uintptr_t)x + 5 * MiB / 2);
+    vmm_stats st = vmm_test_stats(a);
+    CHECK_EQ(st.reserved_bytes[VMM_POOL_SMALL].current, 0);
+    CHECK_EQ(st.allocated_bytes[VMM_POOL_LARGE].current, (int64_t)(5 * MiB + 256 * KiB));
+    /* the 0.5 MiB after y, at the end of the mapped run, is growth's, not a small block's */
+    CHECK_OK(vmm_malloc(a, 512 * KiB, NULL, &s2));
+    CHECK((uintptr_t)s2 < (uintptr_t)x || (uintptr_t)s2 >= (uintptr_t)y + 3 * MiB);
+    CHECK_EQ(vmm_test_stats(a).reserved_bytes[VMM_POOL_SMALL].current, (int64_t)(2 * MiB));
+    CHECK_OK(vmm_check(a));
+    CHECK_OK(vmm_free(a, s1));
+    CHECK_OK(vmm_free(a, s2));
+    CHECK_OK(vmm_free(a, y));
+    CHECK_OK(vmm_free(a, z));
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a);
+}
+
 int main(void)
 {
     test_small_job();
@@ -271,5 +305,6 @@ int main(void)
     test_run_end();
     test_scattered_caches();
     test_offload_streams();
+    test_large_sliver();
     TEST_DONE();
 }
