@@ -720,7 +720,7 @@ static int named_elsewhere_live(vmm_tc_state *T, unsigned owner, unsigned cls, u
  * lanes: a thread driving more streams keeps none of their blocks. A malloc served from the cache
  * takes the block freed last (LIFO) wherever it lies, where the pool's best fit packs blocks at
  * the low end of the free space; blocks that stay live then lie scattered over pages that the
- * stream's frees would have emptied. One stream reuses those holes itself; with several, each
+ * stream's frees would have emptied. One stream mostly reuses those holes itself; with several, each
  * stream's segment holds its own, and growth on another stream cannot recycle them (holes of fewer
  * than RECYCLE_MIN_PAGES whole pages, segment.c). One thread on ten streams, per layer temporaries
  * freed and then a few small blocks that stay (bench/gen_offload_trace.py, 6.9 GB) held 1.0446x
