@@ -4,7 +4,8 @@
  * lock another thread needs (issue 13: two threads on one allocator got less done than one).
  *
  * What a cache may hold: allocated blocks of the small pool up to TC_MAX_SIZE bytes with no
- * record_stream uses and no group. A cached block stays ALLOCATED in the allocator's books (its
+ * record_stream uses and no group, of at most TC_LANES streams (a thread driving more keeps none:
+ * tc_lane_check). A cached block stays ALLOCATED in the allocator's books (its
  * live-table slot, its segment's block list), so nothing the allocator lock guards changes when a
  * block enters or leaves a cache; a cache's bins say which blocks it holds, under its own lock.
  * The user-visible counters move by a per-cache delta that the allocator folds in under its lock
@@ -53,6 +54,9 @@ enum {
                                          * 10^6 live blocks of 0.5-64 KiB (13 GiB), 4 MiB held
                                          * 0.03% of them and a malloc missed the cache twice as
                                          * often as with 16-32 MiB (docs/benchmarks.md) */
+    TC_LANES = 2,                       /* lanes (streams) one cache serves (tc_lane_check) */
+    TC_REARM = 1 << 16,                 /* frees on one lane in a row that turn a spread cache
+                                         * back on (tc_lane_check) */
 };
 
 /* A cached block: what a malloc from the cache needs of it besides its address, so that it
@@ -97,6 +101,13 @@ struct vmm_tcache {
     uint16_t num;                       /* this cache's number (tc_owner in the live table); 0:
                                          * none left, the cache takes no frees */
     _Atomic uint32_t held;              /* the depot's: blocks it holds, read without its lock */
+    /* The lanes of the frees it took (tc_lane_check), and whether a free came on one more
+     * (spread: it takes no frees and serves no mallocs); run: frees in a row on lanes[0] since
+     * it spread */
+    vmm_stream lanes[TC_LANES];
+    unsigned n_lanes;
+    int spread;
+    uint32_t run;
     tc_bin bins[TC_BINS];
 };
 
@@ -648,6 +659,12 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
     vmm_tcache *tc = cache_lock(a);
     if (!tc)
         return 0;
+    if (VMM_UNLIKELY(tc->spread)) { /* a thread on several streams: no cache (tc_lane_check) */
+        tc->n[TC_MISS]++;
+        mark_dirty(tc);
+        vmm_mutex_unlock(&tc->lock);
+        return 0;
+    }
     size_t r = a->tcs->simple_round ? (size + TC_STEP - 1) / TC_STEP * TC_STEP
                                     : vmm_round_size(&a->cfg, size);
     if (r < TC_STEP)
@@ -699,6 +716,47 @@ static int named_elsewhere_live(vmm_tc_state *T, unsigned owner, unsigned cls, u
     return live;
 }
 
+/* Whether tc may keep a free of lane `key` (tc's lock held). A cache serves at most TC_LANES
+ * lanes: a thread driving more streams keeps none of their blocks. A malloc served from the cache
+ * takes the block freed last (LIFO) wherever it lies, where the pool's best fit packs blocks at
+ * the low end of the free space; blocks that stay live then lie scattered over pages that the
+ * stream's frees would have emptied. One stream mostly reuses those holes itself; with several, each
+ * stream's segment holds its own, and growth on another stream cannot recycle them (holes of fewer
+ * than RECYCLE_MIN_PAGES whole pages, segment.c). One thread on ten streams, per layer temporaries
+ * freed and then a few small blocks that stay (bench/gen_offload_trace.py, 6.9 GB) held 1.0446x
+ * what it handed out with its cache and 1.0016x without (docs/benchmarks.md, "Handle sizes").
+ * Giving back the cache at each change of lane does not help (1.0455x): the blocks that stay come
+ * from the cache while it serves their stream. Two lanes stay cached (a thread on its stream and
+ * the default one, issue 13's threads each on their own stream). A lane past TC_LANES spreads the
+ * cache: *trim SIZE_MAX, and the caller's vmm_tc_trim_self gives back every block it holds.
+ * TC_REARM frees in a row on one lane (a thread that moved to another stream for good) make it a
+ * cache of that lane again. */
+static int tc_lane_check(vmm_tcache *tc, vmm_stream key, size_t *trim)
+{
+    if (VMM_LIKELY(!tc->spread)) {
+        for (unsigned i = 0; i < tc->n_lanes; i++)
+            if (tc->lanes[i] == key)
+                return 1;
+        if (tc->n_lanes < TC_LANES) {
+            tc->lanes[tc->n_lanes++] = key;
+            return 1;
+        }
+        tc->spread = 1;
+        tc->run = 0;
+        tc->lanes[0] = key;
+        *trim = SIZE_MAX;
+        return 0;
+    }
+    if (tc->lanes[0] != key) {
+        tc->lanes[0] = key;
+        tc->run = 0;
+    } else if (++tc->run >= TC_REARM) {
+        tc->spread = 0;
+        tc->n_lanes = 1;
+    }
+    return 0;
+}
+
 int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
 {
     *trim = 0;
@@ -734,6 +792,9 @@ int vmm_tc_free(vmm_allocator *a, void *ptr, size_t *trim)
         keep = -1;
     } else if (owner == tc->num && bin_holds(bin, sl->addr)) {
         keep = -1; /* freed twice: the allocator says so */
+    } else if (VMM_UNLIKELY(!tc_lane_check(tc, sl->key, trim))) {
+        tc->n[TC_PASSED]++; /* the allocator frees it (and, spread just now, the cache's blocks) */
+        mark_dirty(tc);
     } else if (bin->n == TC_BIN_CAP || tc->bytes + size > cap) {
         /* full: the allocator frees this one, and the caller has the cache give back the older
          * half of this bin in the same lock pass (of this bin only when bytes ran out too: halving
@@ -990,7 +1051,8 @@ size_t vmm_tc_trim_self(vmm_allocator *a, size_t size)
     vmm_tcache *tc = self_locked(a);
     if (!tc)
         return 0;
-    size_t n = drain_locked(a, tc, 1, size == SIZE_MAX ? 0 : size);
+    /* a spread cache (tc_lane_check) gives back all it holds: it keeps nothing from now on */
+    size_t n = drain_locked(a, tc, !tc->spread, size == SIZE_MAX ? 0 : size);
     vmm_mutex_unlock(&tc->lock);
     return n;
 }
