@@ -771,7 +771,7 @@ void vmm_mempool_id_of(const vmm_segment *s, uint64_t id[2]);
 /* Free every pool record and route (vmm_destroy, after the segments went). */
 void vmm_mempool_destroy_all(vmm_allocator *a);
 
-/* ---- alloc.c ------------------------------------------------------------------------------ */
+/* ---- mutex.c (base) --------------------------------------------------------------------- */
 
 /* The futex mutex behind vmm_lock, for other locks (live shards, thread caches). Word: 0 free,
  * 1 held, 2 held with sleepers. The fast paths are inline: one RMW each way. */

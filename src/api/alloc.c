@@ -2,12 +2,10 @@
  * The allocator's public entry points and the malloc path. One mutex per allocator (as PyTorch):
  * every public function takes it, so any of them may be called from any thread.
  */
-#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,44 +15,7 @@
 enum {
     MAX_REQUEST_SHIFT = 62,   /* sizes at or above 2^62 can't be rounded without overflow */
     GROW_ATTEMPTS = 6,        /* grow / reclaim rounds before giving up (each must progress) */
-    LOCK_SPINS = 100,         /* ~1 us of pause loops: a few critical sections' worth */
 };
-
-/* ---- the allocator lock --------------------------------------------------------------------
- * A futex mutex ("Futexes Are Tricky", mutex 3). Lock word: 0 free, 1 held, 2 held and a thread may
- * sleep. pthread_mutex costs a type dispatch plus an RMW per lock and per unlock; a malloc + free
- * pair takes the lock twice, and on the dev VM the mutex was ~40% of the pair. This lock keeps one
- * RMW each way, which is what correctness needs: an unlock must see a waiter's 2 to wake it. Waiters
- * spin first, because critical sections on the cached path last ~50 ns and a futex sleep costs
- * microseconds. */
-
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
-void vmm_mutex_lock_slow(_Atomic int *w)
-{
-    for (int i = 0; i < LOCK_SPINS; i++) {
-        int c = 0;
-        if (atomic_load_explicit(w, memory_order_relaxed) == 0 &&
-            atomic_compare_exchange_weak_explicit(w, &c, 1, memory_order_acquire, memory_order_relaxed))
-            return;
-        cpu_relax();
-    }
-    /* mark it contended: an unlock that sees 2 wakes a sleeper */
-    while (atomic_exchange_explicit(w, 2, memory_order_acquire) != 0) {
-        syscall(SYS_futex, (int *)w, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
-    }
-}
-
-void vmm_mutex_wake(_Atomic int *w)
-{
-    /* the unlock's one RMW saw 2: whoever marked the word (may sleep) is woken */
-    syscall(SYS_futex, (int *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-}
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
