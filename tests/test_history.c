@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "history.h"
+#include "internal.h" /* vmm_lock (history.h no longer includes every header) */
 #include "testutil.h"
 #include "vmmalloc.h"
 #include "vmmalloc_sim.h"

@@ -15,7 +15,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "core/types.h"
+
+/* Append an event (VMM_TRACE_*) to the ring; caller holds the lock. Use VMM_HISTORY, whose cost
+ * while history is off is one predictable branch. */
+void vmm_history_add(vmm_allocator *a, int action, uintptr_t addr, size_t size, vmm_stream s);
+#define VMM_HISTORY(a, action, addr, size, stream)                                            \
+    do {                                                                                      \
+        if (VMM_UNLIKELY((a)->history != NULL))                                               \
+            vmm_history_add((a), (action), (uintptr_t)(addr), (size_t)(size), (stream));      \
+    } while (0)
+/* Monotonic clock in nanoseconds (trace times). */
+uint64_t vmm_history_now_ns(void);
+/* Copy the ring, oldest first, into a new array of *n entries from vmm_meta_alloc (*out NULL when
+ * empty); the caller frees it. VMM_OK or VMM_EHOSTMEM. */
+int vmm_history_copy(vmm_allocator *a, vmm_trace_entry **out, size_t *n);
+/* Free the ring (vmm_destroy). */
+void vmm_history_destroy(vmm_allocator *a);
 
 /* ---- Python frames gathered before the allocator's lock ---------------------------------------
  *

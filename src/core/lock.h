@@ -1,0 +1,54 @@
+/*
+ * Core: the allocator lock: the allocator's futex mutex plus, while lanes are open, every
+ * lane's lock (lane.c).
+ */
+#ifndef VMM_LOCK_H
+#define VMM_LOCK_H
+
+#include <stdatomic.h>
+
+#include "base/mutex.h"
+#include "core/lane.h"
+#include "core/types.h"
+
+/* While lanes are open the allocator lock holds every lane's lock too. Inline: one branch more
+ * than the mutex alone on the one-thread path, which takes it twice per malloc + free pair. */
+static inline void vmm_lock(vmm_allocator *a)
+{
+    vmm_mutex_lock(&a->lock);
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_lock_but(a, NULL);
+}
+
+static inline void vmm_unlock(vmm_allocator *a)
+{
+    if (VMM_UNLIKELY(a->lanes_open))
+        vmm_lanes_unlock_but(a, NULL);
+    vmm_mutex_unlock(&a->lock);
+}
+
+/* Allocator lock held, around a driver call: the lanes other than keep (NULL: all) let go, so that
+ * other streams' lane paths run while the driver works (lane.c, "Driver calls"). Between the two
+ * the caller touches no state of a lane it let go; vmm_lanes_resume takes them again and folds
+ * their books, and what the caller read of their state before may have changed. A pair inside
+ * another (a batch of calls let go once, such as the poll of pending frees) does nothing; an inner
+ * pair must then not need a lane kept, which only an outer pair with keep NULL could break. */
+static inline void vmm_lanes_yield(vmm_allocator *a, const vmm_stream_rec *keep)
+{
+    if (VMM_UNLIKELY(a->lanes_open) && a->lanes_let_go++ == 0)
+        vmm_lanes_unlock_but(a, keep);
+}
+
+static inline void vmm_lanes_resume(vmm_allocator *a, const vmm_stream_rec *keep)
+{
+    if (VMM_UNLIKELY(a->lanes_open) && --a->lanes_let_go == 0)
+        vmm_lanes_lock_but(a, keep);
+}
+
+/* Lane paths may run (a relaxed peek; the lane functions read it again with acquire). */
+static inline int vmm_lanes_on(const vmm_allocator *a)
+{
+    return atomic_load_explicit(&a->lanes_on, memory_order_relaxed);
+}
+
+#endif /* VMM_LOCK_H */
