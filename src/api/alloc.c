@@ -9,8 +9,28 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "history.h"
-#include "internal.h"
+#include "api/group.h"
+#include "api/stats.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/callbacks.h"
+#include "core/capture.h"
+#include "core/config.h"
+#include "core/counters.h"
+#include "core/events.h"
+#include "core/history.h"
+#include "core/lane.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/segment.h"
+#include "core/tcache.h"
+#include "core/types.h"
+#include "driver/driver.h"
+#include "features/ipc.h"
+#include "features/mempool.h"
+#include "features/pinned.h"
+#include "features/sleep.h"
 
 enum {
     MAX_REQUEST_SHIFT = 62,   /* sizes at or above 2^62 can't be rounded without overflow */

@@ -4,7 +4,12 @@
  * the members' offsets and sizes for snapshots. Members other than the first are interior
  * pointers, which vmm_free already refuses.
  */
-#include "internal.h"
+#include "api/group.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/types.h"
 
 struct vmm_group {
     size_t n;

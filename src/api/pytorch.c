@@ -14,7 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "core/capture.h"
+#include "core/config.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/types.h"
+#include "features/mempool.h"
 
 enum { TORCH_MESSAGE_MAX = 2048 }; /* as error.c's per-thread message: room for the OOM report */
 

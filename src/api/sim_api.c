@@ -1,5 +1,10 @@
 /* The vmm_sim_* public functions: thin wrappers over the simulated driver of an allocator. */
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/events.h"
+#include "core/lock.h"
+#include "core/types.h"
+#include "driver/driver.h"
 
 static int need_sim(vmm_allocator *a, const char *fn)
 {

@@ -17,8 +17,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "history.h"
-#include "internal.h"
+#include "api/group.h"
+#include "base/errors.h"
+#include "core/config.h"
+#include "core/history.h"
+#include "core/lock.h"
+#include "core/tcache.h"
+#include "core/types.h"
+#include "features/mempool.h"
 
 /* Pickle opcodes used (Python's Lib/pickletools.py documents each). */
 enum {

@@ -2,7 +2,20 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "api/stats.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/callbacks.h"
+#include "core/capture.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/segment.h"
+#include "core/tcache.h"
+#include "core/types.h"
+#include "driver/driver.h"
+#include "features/ipc.h"
+#include "features/mempool.h"
+#include "features/sleep.h"
 
 /* vmm_stat_add / vmm_stat_update are inline in internal.h (hot path). */
 

@@ -2,7 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/errors.h"
+#include "driver/driver.h"
 
 enum { ERROR_MESSAGE_MAX = 2048 }; /* room for the OOM report with its numbers */
 

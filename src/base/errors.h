@@ -7,6 +7,7 @@
 #include <stdarg.h>
 
 #include "base/base.h"
+#include "vmmalloc.h" /* status codes */
 
 /* Set this thread's vmm_last_error() text and return `status` (so callers can `return vmm_fail(...)`). */
 int vmm_fail(int status, const char *fmt, ...) VMM_PRINTF(2, 3);

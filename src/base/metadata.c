@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
 
 /* jemalloc's mallocx flag encoding (jemalloc.h, stable since 4.0): the arena index + 1 in bits 20+,
  * tcache index + 2 in bits 8..19 (so "no tcache" is 1 << 8), and 0x40 for zeroed memory. */

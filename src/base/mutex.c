@@ -12,7 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base/mutex.h"
 
 enum { LOCK_SPINS = 100 }; /* ~1 us of pause loops: a few critical sections' worth */
 

@@ -22,7 +22,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/callbacks.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/segment.h"
+#include "core/tcache.h"
+#include "core/types.h"
 
 enum {
     FREE_CB_MAX = 32, /* free-memory callbacks per allocator */

@@ -22,7 +22,10 @@
  */
 #include <stdio.h>
 
-#include "internal.h"
+#include "base/metadata.h"
+#include "core/capture.h"
+#include "core/types.h"
+#include "driver/driver.h"
 
 /* A use recorded (vmm_record_stream) on a stream while it captured. */
 typedef struct cap_use {

@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "core/config.h"
+#include "driver/driver.h"
 
 enum {
     KEY_MAX = 64,          /* longest key we accept, for messages */

@@ -3,7 +3,15 @@
  * through vmm_record_stream), and per-stream fences that prove freed memory idle before its pages
  * are unmapped. Only the explicit wait functions block, and each wait is counted.
  */
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/capture.h"
+#include "core/events.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/types.h"
+#include "driver/driver.h"
 
 /* ---- stream records ---------------------------------------------------------------------- */
 

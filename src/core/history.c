@@ -28,8 +28,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "history.h"
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/history.h"
+#include "core/lock.h"
+#include "core/tcache.h"
+#include "core/types.h"
 
 enum {
     NATIVE_MAX = 64,              /* return addresses kept per stack */

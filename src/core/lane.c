@@ -41,7 +41,13 @@
  */
 #include <string.h>
 
-#include "internal.h"
+#include "base/mutex.h"
+#include "core/counters.h"
+#include "core/events.h"
+#include "core/lane.h"
+#include "core/pool.h"
+#include "core/tcache.h"
+#include "core/types.h"
 
 static void fold_one(vmm_allocator *a, vmm_books *bk);
 

@@ -5,7 +5,17 @@
 
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "base/mutex.h"
+#include "core/config.h"
+#include "core/counters.h"
+#include "core/history.h"
+#include "core/lane.h"
+#include "core/pool.h"
+#include "core/tcache.h"
+#include "core/types.h"
 
 enum {
     MIN_BLOCK = 512,                  /* PyTorch kMinBlockSize: every size a multiple of it */

@@ -22,7 +22,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/callbacks.h"
+#include "core/capture.h"
+#include "core/counters.h"
+#include "core/events.h"
+#include "core/history.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/segment.h"
+#include "core/types.h"
+#include "driver/driver.h"
 
 /* ---- segment records ---------------------------------------------------------------------- */
 

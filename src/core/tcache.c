@@ -37,7 +37,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "base/mutex.h"
+#include "core/counters.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/tcache.h"
+#include "core/types.h"
 
 enum {
     TC_STEP = VMM_TC_STEP,              /* bins at the rounding step (pool.c MIN_BLOCK) */

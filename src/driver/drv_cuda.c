@@ -38,7 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "driver/driver.h"
 
 #ifndef VMM_HAVE_CUDA_H
 

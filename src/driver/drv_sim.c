@@ -43,7 +43,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
+#include "driver/driver.h"
 
 /* ---- defaults -------------------------------------------------------------------------------- */
 

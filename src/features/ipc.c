@@ -31,7 +31,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/callbacks.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/tcache.h"
+#include "core/types.h"
+#include "driver/driver.h"
+#include "features/ipc.h"
 
 enum {
     COUNTER_BYTES = 4096,   /* the counter's memfd: one page */

@@ -22,7 +22,15 @@
  */
 #include <stdio.h>
 
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/capture.h"
+#include "core/events.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/tcache.h"
+#include "core/types.h"
+#include "features/mempool.h"
 
 typedef struct vmm_route {
     vmm_mempool *mp;

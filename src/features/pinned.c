@@ -22,7 +22,14 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/capture.h"
+#include "core/counters.h"
+#include "core/lock.h"
+#include "core/types.h"
+#include "driver/driver.h"
+#include "features/pinned.h"
 
 enum {
     PIN_MIN_SHIFT = 9,                 /* 512 B: smallest class, the device allocator's alignment */

@@ -31,7 +31,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "api/group.h"
+#include "base/errors.h"
+#include "base/metadata.h"
+#include "core/callbacks.h"
+#include "core/counters.h"
+#include "core/events.h"
+#include "core/history.h"
+#include "core/lock.h"
+#include "core/pool.h"
+#include "core/segment.h"
+#include "core/tcache.h"
+#include "core/types.h"
+#include "driver/driver.h"
+#include "features/ipc.h"
+#include "features/sleep.h"
 
 typedef struct backup_entry {
     uintptr_t addr;   /* live block start */
