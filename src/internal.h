@@ -18,7 +18,7 @@
 #include "core/pool.h"
 #include "core/events.h"
 #include "core/segment.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/capture.h"
 #include "core/tcache.h"
 #include "core/callbacks.h"

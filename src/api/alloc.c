@@ -19,7 +19,7 @@
 #include "core/config.h"
 #include "core/counters.h"
 #include "core/events.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/lane.h"
 #include "core/lock.h"
 #include "core/pool.h"

@@ -20,7 +20,7 @@
 #include "api/group.h"
 #include "base/errors.h"
 #include "core/config.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/lock.h"
 #include "core/tcache.h"
 #include "core/types.h"

@@ -11,7 +11,7 @@
 #include "base/mutex.h"
 #include "core/config.h"
 #include "core/counters.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/lane.h"
 #include "core/pool.h"
 #include "core/tcache.h"

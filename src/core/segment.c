@@ -29,7 +29,7 @@
 #include "core/capture.h"
 #include "core/counters.h"
 #include "core/events.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/lock.h"
 #include "core/pool.h"
 #include "core/segment.h"

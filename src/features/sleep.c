@@ -37,7 +37,7 @@
 #include "core/callbacks.h"
 #include "core/counters.h"
 #include "core/events.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/lock.h"
 #include "core/pool.h"
 #include "core/segment.h"

@@ -30,7 +30,7 @@
 
 #include "base/errors.h"
 #include "base/metadata.h"
-#include "core/history.h"
+#include "api/history.h"
 #include "core/lock.h"
 #include "core/tcache.h"
 #include "core/types.h"
