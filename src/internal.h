@@ -18,7 +18,7 @@
 #include "core/pool.h"
 #include "core/events.h"
 #include "core/segment.h"
-#include "api/history.h"
+#include "core/trace.h"
 #include "core/capture.h"
 #include "core/tcache.h"
 #include "core/callbacks.h"
@@ -29,6 +29,8 @@
 #include "features/ipc.h"
 #include "features/pinned.h"
 #include "api/group.h"
+#include "api/history.h"
+#include "api/sim_api.h"
 #include "api/stats.h"
 
 #endif /* VMM_INTERNAL_H */

@@ -108,6 +108,10 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
     if (!a)
         return vmm_fail(VMM_EHOSTMEM, "vmm_create: out of host memory");
     memset(a, 0, asz);
+    /* lower layers call up through these (core/types.h, vmm_hooks) */
+    a->hooks.tc_holds = vmm_tc_holds;
+    a->hooks.finish_detached = vmm_seg_finish_detached;
+    a->hooks.free = vmm_free;
     a->t0_ns = vmm_history_now_ns();
     int rc = vmm_config_load(&a->cfg, conf);
     if (!rc)
@@ -159,7 +163,8 @@ VMM_API void vmm_destroy(vmm_allocator *a)
         fprintf(stderr, "vmmalloc: vmm_destroy: %zu live block(s), %zu bytes, still allocated; "
                         "returning their memory anyway\n", live_n, bytes);
     }
-    vmm_group_destroy_all(a);
+    if (a->hooks.group_destroy_all)
+        a->hooks.group_destroy_all(a);
     vmm_history_destroy(a);
     vmm_live_free_table(a);
     vmm_seg_destroy_all(a);
@@ -532,7 +537,7 @@ VMM_API int vmm_free(vmm_allocator *a, void *ptr)
             vmm_defer_free(a, b);
         VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, b->seg->stream);
         if (VMM_UNLIKELY(b->group != NULL))
-            vmm_group_drop(a, b);
+            a->hooks.group_drop(a, b);
         /* stamp with the own stream's sequence: a fence recorded later proves it idle */
         b->free_seq = ++sr->seq;
         vmm_count_free(a, &a->stats, b);

@@ -23,6 +23,9 @@ static void group_free(vmm_allocator *a, struct vmm_group *g)
     vmm_meta_free(a->meta, g, group_bytes(g->n));
 }
 
+static void group_drop(vmm_allocator *a, vmm_block *b);
+static void group_destroy_all(vmm_allocator *a);
+
 static int group_fail(void **ptrs, size_t n, int status, const char *what)
 {
     if (ptrs)
@@ -74,6 +77,9 @@ VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vm
     vmm_block *b = vmm_live_find(a, (uintptr_t)base);
     int set = b && !b->group;
     if (set) {
+        /* the core frees and destroys through these (a block with a group is freed under the lock) */
+        a->hooks.group_drop = group_drop;
+        a->hooks.group_destroy_all = group_destroy_all;
         b->group = g;
         b->grouped = 1;
         vmm_live_tc_forbid(a, b); /* freed through the allocator, which drops the group */
@@ -89,19 +95,19 @@ VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vm
     return VMM_OK;
 }
 
-void vmm_group_drop(vmm_allocator *a, vmm_block *b)
+static void group_drop(vmm_allocator *a, vmm_block *b)
 {
     group_free(a, b->group);
     b->group = NULL;
     b->grouped = 0;
 }
 
-void vmm_group_destroy_all(vmm_allocator *a)
+static void group_destroy_all(vmm_allocator *a)
 {
     vmm_block *b;
     VMM_LIVE_FOREACH(a, b)
         if (b->group)
-            vmm_group_drop(a, b);
+            group_drop(a, b);
 }
 
 size_t vmm_group_parts(const vmm_block *b) { return b->group ? b->group->n : 0; }

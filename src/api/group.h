@@ -6,10 +6,8 @@
 
 #include "core/types.h"
 
-/* Forget the fused-buffer record of block b (vmm_free of its head; caller holds the lock). */
-void vmm_group_drop(vmm_allocator *a, vmm_block *b);
-/* Free the records of groups still live (vmm_destroy, before the live table goes). */
-void vmm_group_destroy_all(vmm_allocator *a);
+/* Forgetting a block's record (its free) and every record (vmm_destroy, before the live table
+ * goes) go through a->hooks.group_drop / group_destroy_all, which the first group sets. */
 /* Members of b's group: their count, and the offset and size of member i. */
 size_t vmm_group_parts(const vmm_block *b);
 void vmm_group_part(const vmm_block *b, size_t i, size_t *offset, size_t *size);

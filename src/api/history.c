@@ -798,6 +798,7 @@ VMM_API int vmm_record_history_ex(vmm_allocator *a, size_t max_entries, unsigned
         }
     }
     vmm_tc_off(a); /* every event must pass under the lock to be recorded */
+    a->hooks.trace = vmm_history_add; /* VMM_HISTORY (core/trace.h) records through it */
     a->history = h;
     vmm_unlock(a);
     history_free(a, old);

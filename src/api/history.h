@@ -15,16 +15,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/trace.h"
 #include "core/types.h"
 
-/* Append an event (VMM_TRACE_*) to the ring; caller holds the lock. Use VMM_HISTORY, whose cost
- * while history is off is one predictable branch. */
+/* Append an event (VMM_TRACE_*) to the ring; caller holds the lock. The recorder that
+ * VMM_HISTORY (core/trace.h) calls through a->hooks.trace while recording. */
 void vmm_history_add(vmm_allocator *a, int action, uintptr_t addr, size_t size, vmm_stream s);
-#define VMM_HISTORY(a, action, addr, size, stream)                                            \
-    do {                                                                                      \
-        if (VMM_UNLIKELY((a)->history != NULL))                                               \
-            vmm_history_add((a), (action), (uintptr_t)(addr), (size_t)(size), (stream));      \
-    } while (0)
 /* Monotonic clock in nanoseconds (trace times). */
 uint64_t vmm_history_now_ns(void);
 /* Copy the ring, oldest first, into a new array of *n entries from vmm_meta_alloc (*out NULL when

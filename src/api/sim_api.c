@@ -1,4 +1,5 @@
 /* The vmm_sim_* public functions: thin wrappers over the simulated driver of an allocator. */
+#include "api/sim_api.h"
 #include "base/errors.h"
 #include "base/metadata.h"
 #include "core/events.h"
@@ -86,6 +87,11 @@ VMM_API int vmm_sim_synchronize(vmm_allocator *a)
         return rc;
     int r = a->drv->ops->device_sync(a->drv);
     return r ? vmm_fail_drv(r, "vmm_sim_synchronize") : VMM_OK;
+}
+
+int vmm_sim_counters_of(vmm_allocator *a, vmm_sim_counters *out)
+{
+    return a->drv->is_sim ? vmm_sim_driver_counters(a->drv, out) : -1;
 }
 
 VMM_API int vmm_sim_get_counters(vmm_allocator *a, vmm_sim_counters *out)

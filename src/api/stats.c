@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/sim_api.h"
 #include "api/stats.h"
 #include "base/errors.h"
 #include "base/metadata.h"
@@ -163,7 +164,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
     vmm_tc_fold(a);
     fill_stats(a, &s);
     vmm_sim_counters c;
-    int sim = a->drv->is_sim && vmm_sim_driver_counters(a->drv, &c) == 0;
+    int sim = vmm_sim_counters_of(a, &c) == 0; /* the simulator through the sim API */
     int64_t n_pools, pool_res, pool_alloc, routes; /* private pools (mempool.c) */
     vmm_mempool_totals(a, &n_pools, &pool_res, &pool_alloc, &routes);
     size_t tc_n, tc_bytes, tc_cap; /* thread caches (tcache.c) */

@@ -320,7 +320,7 @@ static void finish_ready(vmm_allocator *a)
             continue;
         }
         vmm_block *rest = NULL;
-        vmm_seg_finish_detached(a, cb->det[i].b, &rest);
+        a->hooks.finish_detached(a, cb->det[i].b, &rest);
         if (rest) { /* the driver refused a page: the rest is tried at the next delivery */
             cb->det[i].b = rest;
             i++;

@@ -8,11 +8,6 @@
 
 #include "core/types.h"
 
-/* While lanes are open, the allocator lock holds every lane's lock too (vmm_lock / vmm_unlock call
- * these with the allocator's own lock held); taking them folds the lanes' books into the
- * allocator's counters, so every holder of the allocator lock sees them up to date. */
-void vmm_lanes_lock_but(vmm_allocator *a, const vmm_stream_rec *keep);
-void vmm_lanes_unlock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 /* vmm_create, configuration loaded: whether lanes may open. */
 void vmm_lanes_setup(vmm_allocator *a);
 /* Allocator lock held (malloc, free): open the lanes once a second thread mallocs or frees;

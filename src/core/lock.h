@@ -1,6 +1,6 @@
 /*
  * Core: the allocator lock: the allocator's futex mutex plus, while lanes are open, every
- * lane's lock (lane.c).
+ * lane's lock (lock.c; lanes themselves: lane.c).
  */
 #ifndef VMM_LOCK_H
 #define VMM_LOCK_H
@@ -8,8 +8,13 @@
 #include <stdatomic.h>
 
 #include "base/mutex.h"
-#include "core/lane.h"
 #include "core/types.h"
+
+/* While lanes are open, the allocator lock holds every lane's lock too (lock.c; vmm_lock / vmm_unlock call
+ * these with the allocator's own lock held); taking them folds the lanes' books into the
+ * allocator's counters, so every holder of the allocator lock sees them up to date. */
+void vmm_lanes_lock_but(vmm_allocator *a, const vmm_stream_rec *keep);
+void vmm_lanes_unlock_but(vmm_allocator *a, const vmm_stream_rec *keep);
 
 /* While lanes are open the allocator lock holds every lane's lock too. Inline: one branch more
  * than the mutex alone on the one-thread path, which takes it twice per malloc + free pair. */

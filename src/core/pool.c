@@ -11,10 +11,9 @@
 #include "base/mutex.h"
 #include "core/config.h"
 #include "core/counters.h"
-#include "api/history.h"
 #include "core/lane.h"
 #include "core/pool.h"
-#include "core/tcache.h"
+#include "core/trace.h"
 #include "core/types.h"
 
 enum {
@@ -841,7 +840,7 @@ vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
             continue;
         /* a block in a thread cache is freed as far as callers go (caller holds no shard lock) */
         if (atomic_load_explicit(&sh->t[i].tc_owner, memory_order_relaxed) &&
-            vmm_tc_holds(a, &sh->t[i]))
+            a->hooks.tc_holds(a, &sh->t[i]))
             return NULL;
         *slot = slot_make(ss[k], i);
         return sh->t[i].blk;

@@ -29,10 +29,10 @@
 #include "core/capture.h"
 #include "core/counters.h"
 #include "core/events.h"
-#include "api/history.h"
 #include "core/lock.h"
 #include "core/pool.h"
 #include "core/segment.h"
+#include "core/trace.h"
 #include "core/types.h"
 #include "driver/driver.h"
 

@@ -252,6 +252,27 @@ typedef struct vmm_live_shard {
 } vmm_live_shard;
 _Static_assert(sizeof(vmm_live_shard) == 64, "vmm_live_shard: one cache line each");
 
+/* What modules above the core register with it, so that core and feature code calls up without
+ * naming them (docs/design.md, "Layers"): jemalloc's hook tables, PyTorch's registered
+ * callbacks. Filled in at vmm_create (alloc.c) unless said otherwise; the rest NULL until their
+ * module registers. Read and written under the allocator lock. */
+typedef struct vmm_hooks {
+    /* the live table's lookups ask whether a thread cache holds a block (tcache.c's vmm_tc_holds;
+     * called only for a slot whose tc_owner is set, which a cache of this allocator wrote) */
+    int (*tc_holds)(vmm_allocator *a, const vmm_live_slot *s);
+    /* callbacks.c unmaps detached pages once their before_unmap ran (segment.c's
+     * vmm_seg_finish_detached) */
+    size_t (*finish_detached)(vmm_allocator *a, vmm_block *u, vmm_block **rest);
+    /* ipc.c's collector frees blocks whose last reader let go, as the user would (vmm_free) */
+    int (*free)(vmm_allocator *a, void *ptr);
+    /* trace recording: history.c's recorder, set with a->history (VMM_HISTORY) */
+    void (*trace)(vmm_allocator *a, int action, uintptr_t addr, size_t size, vmm_stream s);
+    /* fused buffers (group.c, set by the first vmm_malloc_group): forget block b's group record
+     * (its free), every record (vmm_destroy) */
+    void (*group_drop)(vmm_allocator *a, vmm_block *b);
+    void (*group_destroy_all)(vmm_allocator *a);
+} vmm_hooks;
+
 struct vmm_allocator {
     _Atomic int lock;                  /* vmm_lock: 0 free, 1 held, 2 held with sleepers */
     vmm_config cfg;
@@ -323,6 +344,7 @@ struct vmm_allocator {
                                         * when lanes open, never cleared (a lane path that saw
                                         * lanes_on may probe them after lanes closed) */
     vmm_live_shard live[VMM_LIVE_SHARDS];
+    vmm_hooks hooks;                   /* last: no field of the hot lines above moves */
 };
 
 #endif /* VMM_TYPES_H */

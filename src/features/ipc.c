@@ -348,7 +348,7 @@ VMM_API int vmm_ipc_collect(vmm_allocator *a)
         }
         vmm_unlock(a);
         for (size_t i = 0; i < n; i++)
-            if (vmm_free(a, (void *)addrs[i]) == VMM_OK)
+            if (a->hooks.free(a, (void *)addrs[i]) == VMM_OK)
                 total++;
         if (n < BATCH)
             return total;

@@ -31,17 +31,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/group.h"
 #include "base/errors.h"
 #include "base/metadata.h"
 #include "core/callbacks.h"
 #include "core/counters.h"
 #include "core/events.h"
-#include "api/history.h"
 #include "core/lock.h"
 #include "core/pool.h"
 #include "core/segment.h"
 #include "core/tcache.h"
+#include "core/trace.h"
 #include "core/types.h"
 #include "driver/driver.h"
 #include "features/ipc.h"
@@ -931,7 +930,7 @@ void vmm_sleep_free(vmm_allocator *a, vmm_block *b, size_t slot)
     vmm_live_remove_at(a, slot);
     VMM_HISTORY(a, VMM_TRACE_FREE_REQUESTED, b->addr, b->size, seg->stream);
     if (b->group)
-        vmm_group_drop(a, b);
+        a->hooks.group_drop(a, b);
     vmm_count_free(a, &a->stats, b);
     if (a->ipc)
         (void)vmm_ipc_hold(a, b); /* an export record without readers goes */
