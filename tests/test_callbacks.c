@@ -1,6 +1,6 @@
 // ctest-labels: unit
 // ctest-timeout: 120
-/* Free-memory and mapping callbacks (src/callbacks.c) on the simulated device:
+/* Free-memory and mapping callbacks (src/core/callbacks.c) on the simulated device:
  *  - a free-memory callback runs on a cache miss with the allocator's lock released (it frees a
  *    block it holds, which needs the lock), and the request is then served from the cache without
  *    growing; runs and hits are counted; nested misses inside a callback do not run them again;

@@ -1,7 +1,7 @@
 // ctest-labels: unit
 // ctest-timeout: 180
-/* CUDA graphs on the simulated device: capture, replay, private pools (src/capture.c,
- * src/mempool.c; the sim's capture model in src/drv_sim.c).
+/* CUDA graphs on the simulated device: capture, replay, private pools (src/core/capture.c,
+ * src/features/mempool.c; the sim's capture model in src/driver/drv_sim.c).
  *  - a captured graph replayed several times, with eager allocations and vmm_empty_cache between
  *    the replays: no eager block ever lies in the graph's memory, the replays' writes are intact and
  *    never reach eager memory (expandable and classic segments);

@@ -2,7 +2,7 @@
 // ctest-timeout: 300
 // ctest-cudadouble
 /*
- * The driver contract (src/driver.h) checked against the cuda driver: on a real GPU, and in CI on
+ * The driver contract (src/driver/driver.h) checked against the cuda driver: on a real GPU, and in CI on
  * the CUDA double (tests/cudadouble, the copy of this test named test_gpu_driver_double). The same
  * rules the sim driver's tests check, so a failure here means the contract (and so the simulator)
  * says something CUDA does not. Every failing check prints the result the driver gave. Only what

@@ -1,5 +1,5 @@
 // ctest-labels: unit
-/* Lanes (src/lane.c): closed with one thread; opened by a second thread's cache; then threads on
+/* Lanes (src/core/lane.c): closed with one thread; opened by a second thread's cache; then threads on
  * their own streams do the small pool's cached mallocs and full-bin frees under their lane's lock.
  * What must hold: no two live blocks overlap, the counters are exact once the threads are done,
  * vmm_check sees one state while the lanes run (a checker thread), record_stream's deferred frees

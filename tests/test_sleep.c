@@ -1,7 +1,7 @@
 // ctest-labels: unit
 // ctest-timeout: 300
 // ctest-cudadouble
-/* Tags, sleep and wake (src/sleep.c), on the simulated device (backed: real memory) and, in the
+/* Tags, sleep and wake (src/features/sleep.c), on the simulated device (backed: real memory) and, in the
  * _double copy, through the cuda driver on the CUDA double:
  *  - tags keep their blocks apart; sleep with backup keeps every byte of every live block, in
  *    expandable and classic modes; discard; staged wake; mem_get_info rises by what was released;

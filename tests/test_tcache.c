@@ -1,6 +1,6 @@
 // ctest-labels: unit
 // ctest-timeout: 600
-/* Thread caches (src/tcache.c): what a cache serves, that the counters stay exact with one thread,
+/* Thread caches (src/core/tcache.c): what a cache serves, that the counters stay exact with one thread,
  * that frees of cached pointers are refused, that vmm_check / empty_cache / history drain them,
  * and that threads freeing each other's blocks, exiting, and allocators destroyed under a live
  * thread's cache leave one consistent state and leak nothing. */
