@@ -112,6 +112,9 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
     a->hooks.tc_holds = vmm_tc_holds;
     a->hooks.finish_detached = vmm_seg_finish_detached;
     a->hooks.free = vmm_free;
+    vmm_witness_register(a, &a->lock, VMM_RANK_ALLOCATOR, "the allocator lock", 0);
+    for (size_t i = 0; i < VMM_LIVE_SHARDS; i++)
+        vmm_witness_register(a, &a->live[i].lock, VMM_RANK_SHARD, "a live-table shard's lock", 0);
     a->t0_ns = vmm_history_now_ns();
     int rc = vmm_config_load(&a->cfg, conf);
     if (!rc)
@@ -134,6 +137,7 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
             a->drv->ops->close(a->drv);
         if (a->meta)
             vmm_meta_close(a->meta);
+        vmm_witness_forget(a);
         free(a);
         return rc;
     }
@@ -179,6 +183,7 @@ VMM_API void vmm_destroy(vmm_allocator *a)
     a->drv->ops->close(a->drv);
     vmm_meta_close(a->meta);
     vmm_unlock(a);
+    vmm_witness_forget(a); /* its locks go with it */
     free(a);
 }
 

@@ -52,6 +52,7 @@ void vmm_stream_rec_link(vmm_allocator *a, vmm_stream_rec *r)
 {
     /* held from birth while lanes are open: the allocator lock's holder releases it with the rest */
     atomic_init(&r->lock, a->lanes_open);
+    vmm_witness_register(a, &r->lock, VMM_RANK_LANE, "a lane's lock", 1);
     r->next = a->streams;
     /* release: lane.c's lookups walk the list without the allocator lock */
     atomic_store_explicit(&a->streams, r, memory_order_release);

@@ -10,6 +10,19 @@
 #include "base/mutex.h"
 #include "core/types.h"
 
+/* Lock ranks (base/mutex.h's witness checks them in Debug and sanitizer builds): a thread waits for
+ * a lock only while holding locks of lower ranks (lanes: several, in list order). The registry
+ * mutex of the thread caches (tcache.c, a pthread mutex, not checked) comes before them all.
+ * A free takes a shard's lock and then only *tries* a cache's: a try never waits, so it may go
+ * against the order (docs/design.md, "Locks, in order"). */
+enum {
+    VMM_RANK_ALLOCATOR = 1, /* vmm_lock's own mutex (a->lock) */
+    VMM_RANK_LANE = 2,      /* a lane's lock (vmm_stream_rec.lock) */
+    VMM_RANK_CACHE = 3,     /* a thread cache's lock (tcache.c) */
+    VMM_RANK_DEPOT = 4,     /* the depot's lock (tcache.c) */
+    VMM_RANK_SHARD = 5,     /* a live-table shard's lock (pool.c) */
+};
+
 /* While lanes are open, the allocator lock holds every lane's lock too (lock.c; vmm_lock / vmm_unlock call
  * these with the allocator's own lock held); taking them folds the lanes' books into the
  * allocator's counters, so every holder of the allocator lock sees them up to date. */

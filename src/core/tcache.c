@@ -260,6 +260,7 @@ int vmm_tc_setup(vmm_allocator *a, size_t cap_bytes, int simple_round, int depot
         if (T->depot) {
             memset(T->depot, 0, sizeof *T->depot);
             T->depot->a = a;
+            vmm_witness_register(a, &T->depot->lock, VMM_RANK_DEPOT, "the depot's lock", 0);
             cache_number(T, T->depot); /* no other thread knows a yet */
             if (!T->depot->num) {
                 free(T->depot);
@@ -374,6 +375,7 @@ static vmm_tcache *cache_make(vmm_allocator *a)
         return NULL;
     memset(tc, 0, sizeof *tc);
     tc->a = a;
+    vmm_witness_register(a, &tc->lock, VMM_RANK_CACHE, "a thread cache's lock", 0);
     (void)pthread_once(&exit_once, make_exit_key);
     tl_slot *tl_slots = slots_get();
     if (!tl_slots) {
