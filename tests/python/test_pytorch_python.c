@@ -1,7 +1,7 @@
 // ctest-labels: unit
 // ctest-timeout: 120
 /*
- * Runs tests/test_python_helper.py (the vmmalloc Python package over the shared library, on the
+ * Runs tests/pytorch_python_check.py (the vmmalloc Python package over the shared library, on the
  * simulated driver, without PyTorch). Skipped (77) when python3 is missing, and in
  * ThreadSanitizer builds (TSan cannot run inside an uninstrumented python3: it crashes at start,
  * preloaded or not; test_pytorch_alloc covers the same entry points under TSan). Fails when the
@@ -9,4 +9,4 @@
  */
 #include "testutil.h"
 
-int main(void) { return vmm_test_run_python("tests/test_python_helper.py", ""); }
+int main(void) { return vmm_test_run_python("tests/pytorch_python_check.py", ""); }
