@@ -1,4 +1,4 @@
-"""The vmmalloc Python package without PyTorch: run by tests/test_pytorch_python.c with
+"""The vmmalloc Python package without PyTorch: run by tests/python/test_pytorch_python.c with
 VMMALLOC_LIB pointing at the built shared library and VMMALLOC_CONF selecting the simulated driver.
 Exits 0 when every check passes, 1 otherwise (each failure printed).
 
