@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("VMMALLOC_CONF", "driver:sim,sim_capacity:1G,sim_backed:false")
 import vmmalloc  # noqa: E402

@@ -167,7 +167,7 @@ def t_rmm(bench, wdir, src):
 
 
 def converted(src, pickle_path):
-    p = run([sys.executable, os.path.join(src, "snapshot_to_trace.py"), pickle_path])
+    p = run([sys.executable, os.path.join(src, "scripts", "snapshot_to_trace.py"), pickle_path])
     return p
 
 
