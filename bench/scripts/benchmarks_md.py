@@ -3,7 +3,7 @@
 shown under the command that produced it; the target checks are computed from the --json output.
 Standard library only.
 
-usage: bench/benchmarks_md.py BUILD_DIR [--out docs/benchmarks.md] [--quick] [--workloads DIR]
+usage: bench/scripts/benchmarks_md.py BUILD_DIR [--out docs/benchmarks.md] [--quick] [--workloads DIR]
 Run from the repository root, with a Release build (cmake -DCMAKE_BUILD_TYPE=Release).
 --workloads: the directory of PyTorch traces (*.trace.csv, *.pickle) replayed for the targets;
 default $VMM_WORKLOADS, else workloads/pytorch (the copies in this repository, workloads/README.md).
@@ -55,7 +55,7 @@ TRACE_SOURCES = {
     "cs336_bcrafton_memory_snapshot.pickle": BCRAFTON + ".",
     "cs336_bcrafton_gpt2small_compiled_trainstep.trace.csv":
         "the device trace of " + BCRAFTON + ", flattened to `action,addr,size,stream,time_us` by "
-        "`bench/snapshot_to_trace.py`.",
+        "`bench/scripts/snapshot_to_trace.py`.",
     "decomfl_opt_zo_fedft.trace.csv":
         "`memory.pickle` from github.com/ZidongLiu/DeComFL, commit edd30e0 (Apache-2.0), flattened to the "
         "same CSV: a multi-step zeroth-order federated fine-tuning run of an OPT language model.",
@@ -81,7 +81,7 @@ def workloads_intro(traces):
              "repository, with their licences; workloads/README.md); each is public:\n"]
     for t in traces:
         name = os.path.basename(t)
-        src = TRACE_SOURCES.get(name, "source not recorded in bench/benchmarks_md.py (TRACE_SOURCES).")
+        src = TRACE_SOURCES.get(name, "source not recorded in bench/scripts/benchmarks_md.py (TRACE_SOURCES).")
         if os.path.exists(IN_REPO) and filecmp.cmp(t, IN_REPO, shallow=False):
             src += f" Byte-identical to `{IN_REPO}` in this repository."
         lines.append(f"- `{name}`: {src}")
@@ -114,9 +114,9 @@ def main():
     doc = []
     w = doc.append
     w("# Benchmarks\n")
-    w("Written by `bench/benchmarks_md.py` from `vmm-bench` runs; every number below is program output under\n"
+    w("Written by `bench/scripts/benchmarks_md.py` from `vmm-bench` runs; every number below is program output under\n"
       "the command that printed it. Regenerate with\n"
-      f"`python3 bench/benchmarks_md.py {a.build}` after a Release build. Do not edit numbers by hand.\n")
+      f"`python3 bench/scripts/benchmarks_md.py {a.build}` after a Release build. Do not edit numbers by hand.\n")
     w(f"- Date: {datetime.date.today().isoformat()}\n- Machine: {machine()}\n"
       f"- Build: `{a.build}`, CMAKE_BUILD_TYPE={build_type}\n"
       "- The machine was shared with other jobs while these ran (see the load average): medians are\n"

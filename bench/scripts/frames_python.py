@@ -2,7 +2,7 @@
 """Cost of call stacks in the allocation history, seen from Python (the Python-frame half of
 `vmm-bench frames`). Standard library and the vmmalloc package only; no PyTorch, no GPU:
 
-    VMMALLOC_LIB=build/libvmmalloc.so python3 bench/frames_python.py [--pairs N] [--depth D] [--json]
+    VMMALLOC_LIB=build/libvmmalloc.so python3 bench/scripts/frames_python.py [--pairs N] [--depth D] [--json]
 
 It times malloc + free pairs of 4 KiB through vmm_torch_malloc / vmm_torch_free on the simulated
 driver, called with ctypes from a Python function D frames deep (default 20, a typical PyTorch
