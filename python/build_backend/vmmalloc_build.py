@@ -222,7 +222,6 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         for f in package_files():
             w.add_file("vmmalloc/" + f, os.path.join(PKG_DIR, f))
         w.add_file("vmmalloc/libvmmalloc.so", lib, 0o755)
-        w.add_file("vmmalloc/_vmm_viz.py", os.path.join(ROOT, "tools", "vmm_viz.py"))
         w.add_file("vmmalloc/csrc/graph_hooks.cpp", os.path.join(PKG_DIR, "csrc", "graph_hooks.cpp"))
         di = dist_info_name()
         _write_dist_info(w.add, di)
@@ -235,7 +234,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 # What an sdist needs to build the library and the package (tests, bench and stress are not built).
 SDIST_TREES = ("cmake", "include", "src", "python/vmmalloc", "python/build_backend")
-SDIST_FILES = ("pyproject.toml", "CMakeLists.txt", "README.md", "tools/vmm_viz.py")
+SDIST_FILES = ("pyproject.toml", "CMakeLists.txt", "README.md")
 
 
 def build_sdist(sdist_directory, config_settings=None):

@@ -52,7 +52,7 @@ def find_program(name, subdir):
 def find_viz():
     """The vmm-viz script: in this package (installed), tools/vmm_viz.py of the source tree, or
     vmm-viz on PATH (cmake --install)."""
-    for c in (os.path.join(HERE, "_vmm_viz.py"), os.path.join(SOURCE_ROOT, "tools", "vmm_viz.py")):
+    for c in (os.path.join(HERE, "_vmm_viz.py"),):
         if os.path.exists(c):
             return c
     return shutil.which("vmm-viz")

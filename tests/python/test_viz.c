@@ -98,7 +98,7 @@ int main(void)
 
     char check_py[1024], viz_py[1024]; /* vmm_test_source_path returns a static buffer */
     snprintf(check_py, sizeof check_py, "%s", vmm_test_source_path("tests/viz_check.py"));
-    snprintf(viz_py, sizeof viz_py, "%s", vmm_test_source_path("tools/vmm_viz.py"));
+    snprintf(viz_py, sizeof viz_py, "%s", vmm_test_source_path("python/vmmalloc/_vmm_viz.py"));
     snprintf(cmd, sizeof cmd, "%s %s %s %s %s", python, check_py, viz_py, snap, csvp);
     int rc = system(cmd);
     int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
