@@ -7,7 +7,7 @@ and a C compiler on PATH, the same as the C build (./tools/deps.sh installs them
 
 build_wheel configures the C library with CMake in a temporary directory (Release, tests off),
 builds the target ``vmmalloc`` and writes a wheel holding the package python/vmmalloc with
-``libvmmalloc.so`` inside it and tools/vmm_viz.py as ``vmmalloc/_vmm_viz.py``. The wheel is tagged
+``libvmmalloc.so`` inside it (vmm-viz is ``vmmalloc/_vmm_viz.py``). The wheel is tagged
 py3-none-<platform>: the library is loaded with ctypes, so any CPython 3 can use it, but it is
 machine code for one platform.
 

@@ -1,6 +1,6 @@
 // ctest-labels: unit
 // ctest-timeout: 180
-/* vmm-viz (tools/vmm_viz.py): a snapshot with a recorded workload (growing and shrinking memory,
+/* vmm-viz (python/vmmalloc/_vmm_viz.py): a snapshot with a recorded workload (growing and shrinking memory,
  * pending and fused blocks, an OOM) and its trace CSV are rendered to HTML; tests/viz_check.py
  * checks the pages' content, then screenshots them with headless Chromium and checks the pictures
  * show the chart lines and block colours. Skips (77) when python3 is absent; when chromium is
