@@ -254,8 +254,9 @@ _Static_assert(sizeof(vmm_live_shard) == 64, "vmm_live_shard: one cache line eac
 
 /* What modules above the core register with it, so that core and feature code calls up without
  * naming them (docs/design.md, "Layers"): jemalloc's hook tables, PyTorch's registered
- * callbacks. Filled in at vmm_create (alloc.c) unless said otherwise; the rest NULL until their
- * module registers. Read and written under the allocator lock. */
+ * callbacks. Filled in at vmm_create (alloc.c), before any other thread can see the allocator,
+ * unless said otherwise; the others are NULL until their module registers, under the allocator
+ * lock, and read under it. */
 typedef struct vmm_hooks {
     /* the live table's lookups ask whether a thread cache holds a block (tcache.c's vmm_tc_holds;
      * called only for a slot whose tc_owner is set, which a cache of this allocator wrote) */
