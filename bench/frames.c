@@ -6,7 +6,7 @@
  * Modes: history off; history on without stacks; history on with native stacks
  * (VMM_HISTORY_STACKS_NATIVE), the allocation made at a call depth of 0, 16 and 48 extra frames
  * (the unwinder's cost grows with the depth; a PyTorch op called from Python is typically 30 to
- * 60 native frames deep). Python frames need a Python process: bench/frames_python.py measures
+ * 60 native frames deep). Python frames need a Python process: bench/scripts/frames_python.py measures
  * them through the Python package.
  *
  * Each round mallocs a batch of 64 blocks of 4 KiB, then frees them, timing the two halves; the
@@ -120,6 +120,6 @@ int bench_frames(const bench_frames_opts *o)
         printf("%-34s %12.0f %12.0f %+13.0f\n", label, res[i].malloc_ns, res[i].free_ns,
                res[i].malloc_ns - res[0].malloc_ns);
     }
-    printf("\nPython frames: VMMALLOC_LIB=.../libvmmalloc.so python3 bench/frames_python.py\n");
+    printf("\nPython frames: VMMALLOC_LIB=.../libvmmalloc.so python3 bench/scripts/frames_python.py\n");
     return BENCH_EXIT_OK;
 }

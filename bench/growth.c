@@ -2,7 +2,7 @@
  * vmm-bench growth: what another thread's malloc + free pays while one thread grows the allocator.
  *
  * The sim's mem_create takes its modeled cost in real time (sim_real_time_create: 193 us, the A100
- * figure in src/drv_sim.c). Thread G allocates new 64 MiB blocks on its own stream and keeps them:
+ * figure in src/driver/drv_sim.c). Thread G allocates new 64 MiB blocks on its own stream and keeps them:
  * every malloc is a growth that creates handles. Thread C, on another stream, runs malloc + free
  * pairs of an 8 MiB block (the large pool: no thread cache, so each call takes the allocator lock)
  * for as long as G runs, and times each pair. Run with grow_unlocked:true (the default: a growth

@@ -19,7 +19,7 @@
 extern char **environ;
 
 #ifndef BENCH_SCRIPT_DIR
-#define BENCH_SCRIPT_DIR "bench"
+#define BENCH_SCRIPT_DIR "bench/scripts"
 #endif
 
 /* ---- live address -> id map: open addressing, linear probing, backward-shift deletion ------- */

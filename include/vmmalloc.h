@@ -545,8 +545,9 @@ VMM_API void vmm_torch_shutdown(void);
  *
  * Snapshot: vmm_snapshot_pickle writes the allocator's segments and blocks with their states, and
  * the history, in the format of PyTorch's torch.cuda.memory._snapshot() pickled by
- * _dump_snapshot(), so pytorch.org/memory_viz, torch.cuda._memory_viz and tools/vmm_viz.py
- * (vmm-viz) draw it. docs/snapshots.md describes the format and its mapping of vmmalloc's state.
+ * _dump_snapshot(), so pytorch.org/memory_viz, torch.cuda._memory_viz and vmm-viz
+ * (python/vmmalloc/_vmm_viz.py) draw it. docs/snapshots.md describes the format and its mapping
+ * of vmmalloc's state.
  *
  * Fused buffers: vmm_malloc_group places n buffers side by side in one block (a gradient bucket,
  * a broadcast of all weights), freed together.

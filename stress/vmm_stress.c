@@ -256,7 +256,7 @@ typedef struct run {
     long long tc_hits, tc_kept, tc_others; /* thread caches: mallocs served, frees kept, of those
                                             * the blocks another cache handed out (stats JSON) */
     long long grows_unlocked;   /* growths that created handles with the lock released */
-    long long lane_mallocs, lane_frees; /* done under a lane's lock only (src/lane.c) */
+    long long lane_mallocs, lane_frees; /* done under a lane's lock only (src/core/lane.c) */
     uint64_t violations_at_start;
     int empty_rounds;      /* empty_cache calls the recovery at the end needed */
     /* --sleep-every, --map-callbacks (see sleep_cycle, mapwatch) */
@@ -1075,7 +1075,7 @@ static void exchange(run_t *R, thread_state *t, int give)
 static void op_exchange(run_t *R, thread_state *t) { exchange(R, t, -1); }
 
 /* --producer-consumer: even threads malloc and give their blocks to the exchange, odd threads
- * mostly free what it holds (the thread caches' depot, src/tcache.c: the freeing thread's full
+ * mostly free what it holds (the thread caches' depot, src/core/tcache.c: the freeing thread's full
  * bins go to the allocating threads) and malloc and free a few of their own, as a backward thread
  * does. Checks and empty_cache as in the usual mix, rarely. */
 static void producer_consumer_op(run_t *R, thread_state *t)

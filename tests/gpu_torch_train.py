@@ -18,7 +18,7 @@ skipped (no torch, or no usable CUDA device).
     python3 tests/gpu_torch_train.py [--steps 60] [--json out.json]
     VMMALLOC_LIB=build/libvmmalloc.so python3 tests/gpu_torch_train.py
 
-ctest runs it through tests/test_pytorch_gpu.c (label gpu).
+ctest runs it through tests/python/test_pytorch_gpu.c (label gpu).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""vmmalloc.graphs without PyTorch: run by tests/test_graphs_python.c with VMMALLOC_LIB pointing at the
+"""vmmalloc.graphs without PyTorch: run by tests/python/test_graphs_python.c with VMMALLOC_LIB pointing at the
 built shared library and VMMALLOC_CONF selecting the simulated driver. A fake ``torch`` module in
 sys.modules plays the pluggable allocator object (recording the hooks set on it, as addresses), the
 CUDAGraph class and torch.cuda.MemPool. Checks:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pip install, as a user does it, offline: run by tests/test_pip_install.c with the system's python3.
+"""pip install, as a user does it, offline: run by tests/python/test_pip_install.c with the system's python3.
 
 1. pip wheel --no-deps --no-build-isolation --no-index from the source tree (the build backend
    python/build_backend/vmmalloc_build.py runs CMake): the wheel holds the package, libvmmalloc.so

@@ -1,5 +1,5 @@
 """vmmalloc's sleep / wake and tags from Python (python/vmmalloc/sleepwake.py), without PyTorch:
-run by tests/test_sleep_python.c with VMMALLOC_LIB at the built library and VMMALLOC_CONF selecting
+run by tests/python/test_sleep_python.c with VMMALLOC_LIB at the built library and VMMALLOC_CONF selecting
 the simulated driver (backed: its device memory is host memory, so ctypes can write and read it).
 Exits 0 when every check passes, 1 otherwise (each failure printed)."""
 

@@ -23,7 +23,7 @@ tuples, ints, floats, strings, bools and None, never a class reference. Then:
   Segment Timeline" element lists, and format_frames with the viewer's frame filter. Pending
   blocks must show their requested size (the viewer draws size - requested_size as "free space
   lost due to rounding");
-- the expectation (EXPECT.json, written by tests/test_snapshot.c or tests/snapshot_frames.py):
+- the expectation (EXPECT.json, written by tests/api/test_snapshot.c or tests/snapshot_frames.py):
   the live, pending and fused blocks, stats sums, trace actions, the time window and which
   frames must appear (see EXPECT_KEYS below);
 - TRACE.csv (vmm_history_csv) must equal the trace entry for entry.

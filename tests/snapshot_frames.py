@@ -1,5 +1,5 @@
 """Call stacks in snapshots, through the Python package on the simulated driver (no PyTorch): run by
-tests/test_snapshot_frames.c with VMMALLOC_LIB set to the built library.
+tests/api/test_snapshot_frames.c with VMMALLOC_LIB set to the built library.
 
 A PyTorch op reaches the allocator from C++ while its Python caller waits; here ctypes plays that
 part: ctypes.PyDLL calls keep the GIL (like a tensor freed by Python), ctypes.CDLL calls release

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check vmm-viz (tools/vmm_viz.py) end to end; called by test_viz.c. Standard library only.
+"""Check vmm-viz (python/vmmalloc/_vmm_viz.py) end to end; called by test_viz.c. Standard library only.
 
     viz_check.py VMM_VIZ.py SNAPSHOT.pickle TRACE.csv
 

@@ -20,7 +20,7 @@ have_cmd gnuplot || need+=(gnuplot-nox)
     ! { ldconfig -p 2>/dev/null || /sbin/ldconfig -p; } | grep -q 'libunwind\.so\.8 ' && need+=(libunwind8)
 if [ $tests -eq 1 ]; then
     have_cmd chromium || need+=(chromium) # headless render check of vmm-viz output
-    # the pip install test (tests/test_pip_install.c): pip and venv (with ensurepip) of the
+    # the pip install test (tests/python/test_pip_install.c): pip and venv (with ensurepip) of the
     # system's python3, which the tests run (tests/testutil.c: vmm_test_python)
     py=python3
     [ -x /usr/bin/python3 ] && py=/usr/bin/python3

@@ -7,7 +7,7 @@ and a C compiler on PATH, the same as the C build (./tools/deps.sh installs them
 
 build_wheel configures the C library with CMake in a temporary directory (Release, tests off),
 builds the target ``vmmalloc`` and writes a wheel holding the package python/vmmalloc with
-``libvmmalloc.so`` inside it and tools/vmm_viz.py as ``vmmalloc/_vmm_viz.py``. The wheel is tagged
+``libvmmalloc.so`` inside it (vmm-viz is ``vmmalloc/_vmm_viz.py``). The wheel is tagged
 py3-none-<platform>: the library is loaded with ctypes, so any CPython 3 can use it, but it is
 machine code for one platform.
 
@@ -222,7 +222,6 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         for f in package_files():
             w.add_file("vmmalloc/" + f, os.path.join(PKG_DIR, f))
         w.add_file("vmmalloc/libvmmalloc.so", lib, 0o755)
-        w.add_file("vmmalloc/_vmm_viz.py", os.path.join(ROOT, "tools", "vmm_viz.py"))
         for src in sorted(os.listdir(os.path.join(PKG_DIR, "csrc"))):  # the C++ shims, built at run time
             if src.endswith(".cpp"):
                 w.add_file("vmmalloc/csrc/" + src, os.path.join(PKG_DIR, "csrc", src))
@@ -237,7 +236,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 # What an sdist needs to build the library and the package (tests, bench and stress are not built).
 SDIST_TREES = ("cmake", "include", "src", "python/vmmalloc", "python/build_backend")
-SDIST_FILES = ("pyproject.toml", "CMakeLists.txt", "README.md", "tools/vmm_viz.py")
+SDIST_FILES = ("pyproject.toml", "CMakeLists.txt", "README.md")
 
 
 def build_sdist(sdist_directory, config_settings=None):

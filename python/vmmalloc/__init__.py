@@ -345,7 +345,7 @@ def snapshot(path=None, device=None):
     (segments, device_traces, allocator_settings, ...; docs/snapshots.md).
 
     With ``path``: writes the pickle there (what torch.cuda.memory._dump_snapshot writes; open it
-    with pytorch.org/memory_viz or tools/vmm_viz.py) and returns None. Without: returns the dict.
+    with pytorch.org/memory_viz or vmm-viz) and returns None. Without: returns the dict.
     The trace is empty unless record_memory_history() is on. Raises VmmError (EINVAL naming the
     path when it cannot be written)."""
     index = device_index(device)

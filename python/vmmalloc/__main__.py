@@ -33,7 +33,7 @@ SOURCE_ROOT = os.path.dirname(os.path.dirname(HERE))  # when the package lies in
 
 def _in_source_tree():
     return os.path.exists(os.path.join(SOURCE_ROOT, "CMakeLists.txt")) and \
-        os.path.exists(os.path.join(SOURCE_ROOT, "src", "alloc.c"))
+        os.path.exists(os.path.join(SOURCE_ROOT, "src", "internal.h"))
 
 
 def find_program(name, subdir):
@@ -50,9 +50,9 @@ def find_program(name, subdir):
 
 
 def find_viz():
-    """The vmm-viz script: in this package (installed), tools/vmm_viz.py of the source tree, or
+    """The vmm-viz script: in this package (installed, or python/vmmalloc of the source tree), or
     vmm-viz on PATH (cmake --install)."""
-    for c in (os.path.join(HERE, "_vmm_viz.py"), os.path.join(SOURCE_ROOT, "tools", "vmm_viz.py")):
+    for c in (os.path.join(HERE, "_vmm_viz.py"),):
         if os.path.exists(c):
             return c
     return shutil.which("vmm-viz")
@@ -215,7 +215,7 @@ def run_viz(argv):
     path = find_viz()
     if not path:
         print("vmmalloc viz: vmm-viz not found (it ships in the installed package as "
-              "vmmalloc/_vmm_viz.py, and as tools/vmm_viz.py in the sources)", file=sys.stderr)
+              "vmmalloc/_vmm_viz.py, python/vmmalloc/_vmm_viz.py in the sources)", file=sys.stderr)
         return 2
     sys.argv = ["vmm-viz"] + list(argv)
     try:

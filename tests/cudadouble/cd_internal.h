@@ -7,7 +7,7 @@
  * page-locked host memory), cd_stream.c (streams, events, stream-ordered work), cd_capture.c (stream
  * capture), cd_proc.c (cuGetProcAddress and the older ABI variants).
  *
- * Every memory, stream and event rule that the simulator (src/drv_sim.c) has is left to it: each
+ * Every memory, stream and event rule that the simulator (src/driver/drv_sim.c) has is left to it: each
  * CUDA device is one simulated device, and the double adds what CUDA has and the simulator lacks
  * (contexts, several devices, per-device access, reference-counted handles, capture).
  *

@@ -1,7 +1,7 @@
 /*
  * The CUDA driver double: initialization, devices, error names, the test hooks.
  *
- * Each CUDA device is a simulated device of src/drv_sim.c, opened at cuInit in backed mode (handles
+ * Each CUDA device is a simulated device of src/driver/drv_sim.c, opened at cuInit in backed mode (handles
  * are memfds, so data written through one mapping reads back through another) with no cost model.
  * Memory appears on first touch: a device of 80 GiB costs nothing until used.
  *

@@ -2,7 +2,7 @@
  * Test-side hooks of the CUDA driver double (libcuda.so.1 built in tests/cudadouble/).
  *
  * The double is a libcuda.so.1 that follows cuda.h's documentation strictly, with memory in host
- * memory (the simulator's, src/drv_sim.c). Tests never link it: the library under test dlopen's
+ * memory (the simulator's, src/driver/drv_sim.c). Tests never link it: the library under test dlopen's
  * "libcuda.so.1" as it would on a GPU machine (the double's directory on LD_LIBRARY_PATH), and a
  * test reaches these hooks with cudadouble_hooks(), which dlopen's the same already-loaded library
  * with RTLD_NOLOAD and looks each hook up. On a machine with a real driver the lookups find nothing

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""The layer check: reads the library's objects with nm and fails on any call that runs back up.
+
+    tools/layer_check.py [--nm NM] OBJDIR_OR_OBJECTS...
+    tools/layer_check.py --self-test CC      (shows that it catches what it is for)
+
+A module is one object of src/ (src/core/pool.c -> core/pool); its layer is its folder. Rules
+(docs/design.md, "Layers"):
+  1. layers bottom up: base < driver < core < features < api; a module calls its own layer and
+     those below, never one above;
+  2. above the driver, code calls the driver contract only (a vmm_driver's ops, reached through
+     pointers, which nm does not see, and the entry points in DRIVER_ENTRY); only api/sim_api,
+     the simulator's own API, calls the simulator's functions;
+  3. src/planner stands on base only, and nothing in the library calls it (vmm-plan and the
+     public vmm_plan_* functions are its users);
+  4. no loop between modules, within a layer or across: the module graph is acyclic;
+  5. every object lies in a layer folder (a new file goes in one: docs/design.md says how).
+The planner counts as one module (its files' own loop is issue 29's, src/planner/problem.c).
+Edges are undefined symbols (nm's U) of one object defined by another: direct calls and data.
+Calls through function pointers (hooks registered at setup) are invisible to nm by design: that
+is how a lower layer signals up. Exit status 0 clean, 1 violations (each printed with the symbol
+and both files), 2 usage or tool errors.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+LAYERS = ["base", "driver", "core", "features", "api"]
+RANK = {name: i for i, name in enumerate(LAYERS)}
+PLANNER = "planner"
+# What code above the driver may call of the driver layer by name: the open functions (alloc.c
+# opens the driver the configuration names) and the simulated device's option tables, which the
+# configuration parses (defaults, call-kind names: data, no device). Everything else goes through
+# the vmm_driver's ops table.
+DRIVER_ENTRY = {"vmm_driver_sim_open", "vmm_driver_cuda_open", "vmm_sim_default_options",
+                "vmm_sim_call_name"}
+SIM_API = ("api/sim_api", "driver/drv_sim")
+
+
+def module_of(path):
+    """(module, source file) of an object path such as .../src/core/pool.c.o; module None when
+    the object is not under src/."""
+    parts = os.path.normpath(path).split(os.sep)
+    if "src" not in parts:
+        return None, path
+    rel = parts[len(parts) - 1 - parts[::-1].index("src") + 1:]
+    src = "src/" + "/".join(rel)
+    if src.endswith(".o"):
+        src = src[:-2]
+    if src.endswith(".obj"):
+        src = src[:-4]
+    if len(rel) == 1:
+        return "(no layer)/" + rel[0].split(".")[0], src
+    if rel[0] == PLANNER:
+        return PLANNER, src
+    return rel[0] + "/" + rel[-1].split(".")[0], src
+
+
+def layer_of(module):
+    return module.split("/")[0]
+
+
+def read_objects(nm, objects):
+    defs, undefs, files = {}, {}, {}
+    for o in objects:
+        mod, src = module_of(o)
+        if mod is None:
+            continue
+        files.setdefault(mod, set()).add(src)
+        try:
+            out = subprocess.run([nm, o], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as e:
+            print("layer_check: %s %s: %s" % (nm, o, e), file=sys.stderr)
+            sys.exit(2)
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) == 2 and f[0] == "U":
+                undefs.setdefault((mod, src), set()).add(f[1])
+            elif len(f) == 3 and f[1] in "TDBRVWGSC":
+                defs[f[2]] = (mod, src)
+    return defs, undefs, files
+
+
+def check(nm, objects, out=sys.stdout):
+    defs, undefs, files = read_objects(nm, objects)
+    if not files:
+        print("layer_check: no objects of src/ found", file=sys.stderr)
+        return 2
+    bad = []
+    edges = {}  # module -> {module: (symbol, from file, to file)}
+    for mod in sorted(files):
+        if mod.startswith("(no layer)"):
+            bad.append("%s: not in a layer folder (src/base, driver, core, features, api): move it "
+                       "to the layer it belongs to (docs/design.md, \"Adding a module\")"
+                       % sorted(files[mod])[0])
+    for (mod, src), syms in sorted(undefs.items()):
+        for sym in sorted(syms):
+            if sym not in defs:
+                continue
+            tmod, tsrc = defs[sym]
+            if tmod == mod:
+                continue
+            edges.setdefault(mod, {}).setdefault(tmod, (sym, src, tsrc))
+            lf, lt = layer_of(mod), layer_of(tmod)
+            why = None
+            if lf.startswith("(") or lt.startswith("("):
+                continue  # reported above
+            if lf == PLANNER and lt != "base":
+                why = "the planner stands on base only"
+            elif lt == PLANNER and lf != PLANNER:
+                why = "nothing in the library calls the planner"
+            elif lf != PLANNER and RANK[lt] > RANK[lf]:
+                why = "%s may not call %s (a layer above)" % (lf, lt)
+            elif lt == "driver" and lf != "driver" and sym not in DRIVER_ENTRY \
+                    and (mod, tmod) != SIM_API:
+                why = "above the driver, only the contract (driver.h's ops, DRIVER_ENTRY)"
+            if why:
+                bad.append("%s -> %s: %s (%s)" % (src, tsrc, sym, why))
+    # loops: strongly connected components of the module graph (Tarjan, iterative)
+    index, low, on, stack, sccs, counter = {}, {}, set(), [], [], [0]
+    nodes = sorted(set(files) | {t for m in edges for t in edges[m]})
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, {}))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, {})))))
+                    advanced = True
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    sccs.append(sorted(comp))
+    for comp in sccs:
+        lines = ["loop between modules: " + ", ".join(comp)]
+        for m in comp:
+            for t in sorted(edges.get(m, {})):
+                if t in comp:
+                    sym, s, ts = edges[m][t]
+                    lines.append("    %s -> %s: %s" % (s, ts, sym))
+        bad.append("\n".join(lines))
+    for b in bad:
+        print("layer_check: " + b, file=out)
+    if bad:
+        print("layer_check: %d violation(s); layers and allowed edges: docs/design.md, \"Layers\""
+              % len(bad), file=out)
+        return 1
+    n_edges = sum(len(v) for v in edges.values())
+    print("layer_check: %d modules, %d edges between them: every call goes down a layer or "
+          "across one without a loop" % (len(files), n_edges), file=out)
+    return 0
+
+
+def objects_in(args):
+    objs = []
+    for a in args:
+        if os.path.isdir(a):
+            for root, _, names in os.walk(a):
+                objs += [os.path.join(root, n) for n in sorted(names) if n.endswith((".o", ".obj"))]
+        else:
+            objs.append(a)
+    return objs
+
+
+def self_test(cc, nm):
+    """Objects with one upward call, one loop, a call into the simulator and a file outside the
+    layers: each must be reported, and the same tree without them must pass."""
+    files = {
+        "src/base/b.c": "int b_fn(void) { return 1; }\n",
+        "src/core/c.c": "int b_fn(void); int api_fn(void);\n"
+                        "int c_fn(void) { return b_fn() + api_fn(); }\n",
+        "src/core/d.c": "int e_fn(void); int d_fn(void) { return e_fn(); }\n",
+        "src/core/e.c": "int d_fn(void); int e_fn(void) { return d_fn(); }\n",
+        "src/driver/drv_sim.c": "int vmm_sim_secret(void) { return 3; }\n",
+        "src/features/f.c": "int vmm_sim_secret(void); int f_fn(void) { return vmm_sim_secret(); }\n",
+        "src/api/a.c": "int c_fn(void); int api_fn(void) { return 2; } int a2(void) { return c_fn(); }\n",
+        "src/stray.c": "int stray_fn(void) { return 4; }\n",
+    }
+    expect = ["api_fn (core may not call api", "loop between modules: core/d, core/e",
+              "vmm_sim_secret (above the driver", "src/stray.c: not in a layer folder"]
+    with tempfile.TemporaryDirectory() as tmp:
+        objs = []
+        for rel, text in files.items():
+            p = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p, "w") as f:
+                f.write(text)
+            subprocess.run([cc, "-c", p, "-o", p + ".o"], check=True)
+            objs.append(p + ".o")
+        import io
+        buf = io.StringIO()
+        rc = check(nm, objs, buf)
+        text = buf.getvalue()
+        missing = [e for e in expect if e not in text]
+        if rc != 1 or missing:
+            print(text)
+            print("layer_check self-test: FAILED (rc %d, not reported: %s)" % (rc, missing))
+            return 1
+        clean = [o for o in objs if not o.endswith(("c.c.o", "d.c.o", "e.c.o", "f.c.o", "stray.c.o"))]
+        buf = io.StringIO()
+        rc = check(nm, clean, buf)
+        if rc != 0:
+            print(buf.getvalue())
+            print("layer_check self-test: FAILED (a clean tree was refused)")
+            return 1
+    print("layer_check self-test: the upward call, the loop, the simulator call and the stray "
+          "file were reported; the clean tree passed")
+    return 0
+
+
+def main(argv):
+    nm = "nm"
+    args = argv[1:]
+    if len(args) >= 2 and args[0] == "--nm":
+        nm, args = args[1], args[2:]
+    if len(args) == 2 and args[0] == "--self-test":
+        return self_test(args[1], nm)
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return check(nm, objects_in(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
