@@ -103,12 +103,13 @@ int main(void)
         CHECK_OK(plan_ctx_build(&pc, b, N));
         static const uint64_t limits[] = {1, 60, 150, 4000, 100000};
         for (size_t l = 0; l < sizeof limits / sizeof limits[0]; l++) {
-            uint64_t o1[N], o2[N], n1 = 0, n2 = 0;
+            uint64_t o1[N], o2[N], a1[N], a2[N], n1 = 0, n2 = 0;
             int f1 = -1, f2 = -1;
-            CHECK_OK(plan_tile(&pc, plan_now() + 120, limits[l], 1, o1, &n1, &f1));
-            CHECK_OK(plan_tile(&pc, plan_now() + 120, limits[l], 2, o2, &n2, &f2));
+            CHECK_OK(plan_tile(&pc, plan_now() + 120, limits[l], 1, o1, a1, &n1, &f1));
+            CHECK_OK(plan_tile(&pc, plan_now() + 120, limits[l], 2, o2, a2, &n2, &f2));
             CHECK_EQ(f1, f2);
             CHECK(memcmp(o1, o2, sizeof o1) == 0);
+            CHECK(memcmp(a1, a2, sizeof a1) == 0);
             CHECK(n1 <= limits[l] && n2 <= limits[l]);
             if (l == 0)
                 CHECK_EQ(f1, 0); /* 1 node cannot place 200 items */
@@ -128,7 +129,7 @@ int main(void)
     CHECK_EQ(plan_tile_applies(&c), 0);
     uint64_t off[3], nodes = 9;
     int found = 1;
-    CHECK_OK(plan_tile(&c, plan_now() + 1, 0, 2, off, &nodes, &found));
+    CHECK_OK(plan_tile(&c, plan_now() + 1, 0, 2, off, NULL, &nodes, &found));
     CHECK_EQ(found, 0);
     CHECK_EQ(nodes, 0);
     plan_ctx_free(&c);

@@ -124,7 +124,7 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
     if (plan_tile_applies(c)) {
         /* Every slot at the bound: a plan there is a tiling, which the tiling search looks for
          * with half the time (tile.c); the searches below get the rest. */
-        uint64_t tn = 0, *toff = malloc(c->n * sizeof *toff);
+        uint64_t tn = 0, *toff = malloc(2 * c->n * sizeof *toff);
         int found = 0, threads = o->threads;
         if (threads <= 0) {
             long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -133,15 +133,16 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
         double now = plan_now();
         rc = toff ? plan_tile(c, deadline > now ? now + (deadline - now) * TILE_SHARE : deadline,
                               o->node_limit ? (o->node_limit > 1 ? o->node_limit / 2 : 1) : 0, threads,
-                              toff, &tn, &found)
+                              toff, toff + c->n, &tn, &found)
                   : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
         *nodes += tn;
         if (!rc && found) {
             memcpy(off, toff, c->n * sizeof *off);
             snprintf(winner, wlen, "tile");
         }
-        if (!rc && !found)
-            rc = tile_fallback(c, toff, off, &arena, winner, wlen);
+        /* the deeper partial tiling and the other direction's, each completed by the rules */
+        for (int k = 0; k < 2 && !rc && !found; k++)
+            rc = tile_fallback(c, toff + k * c->n, off, &arena, winner, wlen);
         free(toff);
         if (rc || found || (capacity && arena <= capacity))
             return rc;

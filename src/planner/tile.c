@@ -493,13 +493,15 @@ static void *tile_main(void *arg)
     return NULL;
 }
 
-int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threads, uint64_t *off,
+int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threads, uint64_t *off, uint64_t *alt,
               uint64_t *nodes, int *found)
 {
     *found = 0;
     *nodes = 0;
     for (size_t i = 0; i < c->n; i++)
         off[i] = UINT64_MAX;
+    if (alt)
+        memcpy(alt, off, c->n * sizeof *alt);
     if (!plan_tile_applies(c))
         return VMM_OK;
     size_t n = c->n;
@@ -549,6 +551,8 @@ int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threa
     if (!rc) {
         int w = run[0].found ? 0 : run[1].found ? 1 : run[1].best_n > run[0].best_n ? 1 : 0;
         memcpy(off, run[w].best, n * sizeof *off);
+        if (alt && !run[w].found)
+            memcpy(alt, run[1 - w].best, n * sizeof *alt);
         *found = run[w].found;
         *nodes = run[0].total + run[1].total;
         oom = run[0].s.oom || run[1].s.oom;
