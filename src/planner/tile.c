@@ -13,8 +13,8 @@
  * and places each item at its stretch's height. Identical items are tried once per node. A slot
  * boundary no unplaced item crosses splits the problem into parts solved on their own; parts
  * proven impossible are remembered (a hash cache). Restarts follow Luby's sequence of node
- * budgets, in both time directions, each with another tie order: a fixed sequence, so the search
- * is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
+ * budgets, in both time directions (two searches, on two threads when the caller has them), each
+ * with another tie order: a fixed sequence, so the search is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
  * search: plan_tile_applies says so. */
 #include <pthread.h>
 #include <stdatomic.h>
