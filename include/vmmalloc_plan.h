@@ -98,7 +98,8 @@ typedef struct vmm_plan_options {
                           * returns does not fit (vmm_last_error says whether the exact search proved
                           * that none does); the offsets are written all the same. */
     int threads;         /* worker threads for heuristics, and with 2 or more the exact search runs
-                          * its two searches side by side; 0 (default) = online CPUs */
+                          * its two searches side by side (and the tiling search its two time
+                          * directions); 0 (default) = online CPUs */
     uint64_t node_limit; /* 0 (default): none. Else the exact search (exact, best) stops after this
                           * many nodes in all (when minimising, half for each of its two searches),
                           * or at the time limit if that comes first. The search is anytime: its
@@ -110,7 +111,8 @@ typedef struct vmm_plan_options {
                           * than 4096 buffers, which only the time limit stops. Applies to each
                           * arena's search (and each region's, with double_cursor) on its own.
                           * On an instance whose live bytes equal the bound at every time (a
-                          * tiling, docs/planner.md) the tiling search takes half of it first. */
+                          * tiling, docs/planner.md) the tiling search takes half of it first
+                          * (and 3/4 of the time left after the heuristics). */
     const uint64_t *capacities; /* NULL, or VMM_PLAN_MAX_ARENAS entries: capacities[a] > 0 is arena
                           * a's capacity (in place of `capacity`), 0 takes `capacity` */
     int double_cursor;   /* 1: best/exact/heuristics keep the long-lived buffers (see long_lived)

@@ -30,7 +30,7 @@ static void usage(FILE *f)
             "              always so with --algo double-cursor)\n"
             "  --long-lived F  long-lived = lifetime >= F of the arena's time span (default 0.5)\n"
             "  --threads   worker threads (default: CPUs); with 2 or more, exact/best run their\n"
-            "              two searches side by side\n"
+            "              two searches (the tiling search its two time directions) side by side\n"
             "  --output    write the plan (input columns plus offset); '-' for stdout\n"
             "  --json      print one JSON object instead of the text summary\n"
             "  --plot      write the placement as an SVG picture\n"

@@ -15,6 +15,8 @@ enum {
     PLAN_BEST_EXACT_MAX_ITEMS = 4096,
 };
 #define PLAN_DEFAULT_TIME_LIMIT_S 10.0
+/* The tiling search's share of the time left after the heuristics, on instances it applies to. */
+#define TILE_SHARE 0.75
 
 static const char *const algo_names[VMM_PLAN_ALGO_COUNT] = {
     "naive", "greedy", "greedy-size", "tree", "heuristics", "exact", "best", "reuse", "double-cursor",
@@ -122,20 +124,25 @@ static int run_algo(const plan_ctx *c, const vmm_plan_options *o, int algo, uint
     if (plan_tile_applies(c)) {
         /* Every slot at the bound: a plan there is a tiling, which the tiling search looks for
          * with half the time (tile.c); the searches below get the rest. */
-        uint64_t tn = 0, *toff = malloc(c->n * sizeof *toff);
-        int found = 0;
+        uint64_t tn = 0, *toff = malloc(2 * c->n * sizeof *toff);
+        int found = 0, threads = o->threads;
+        if (threads <= 0) {
+            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+            threads = cpus > 0 ? (int)cpus : 1;
+        }
         double now = plan_now();
-        rc = toff ? plan_tile(c, deadline > now ? now + (deadline - now) / 2 : deadline,
-                              o->node_limit ? (o->node_limit > 1 ? o->node_limit / 2 : 1) : 0, toff,
-                              &tn, &found)
+        rc = toff ? plan_tile(c, deadline > now ? now + (deadline - now) * TILE_SHARE : deadline,
+                              o->node_limit ? (o->node_limit > 1 ? o->node_limit / 2 : 1) : 0, threads,
+                              toff, toff + c->n, &tn, &found)
                   : vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
         *nodes += tn;
         if (!rc && found) {
             memcpy(off, toff, c->n * sizeof *off);
             snprintf(winner, wlen, "tile");
         }
-        if (!rc && !found)
-            rc = tile_fallback(c, toff, off, &arena, winner, wlen);
+        /* the deeper partial tiling and the other direction's, each completed by the rules */
+        for (int k = 0; k < 2 && !rc && !found; k++)
+            rc = tile_fallback(c, toff + k * c->n, off, &arena, winner, wlen);
         free(toff);
         if (rc || found || (capacity && arena <= capacity))
             return rc;

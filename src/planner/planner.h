@@ -117,9 +117,12 @@ int plan_tile_applies(const plan_ctx *c);
 /* Look for a plan at the lower bound by the tiling search, until the deadline or node_limit (0:
  * none) nodes; *found = 1 and off filled when it finds one. Else off holds the deepest partial
  * tiling seen (UINT64_MAX for the items it left out; all of them when plan_tile_applies is 0,
- * when nothing is searched). *nodes: nodes visited. VMM_OK or VMM_EHOSTMEM. */
-int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, uint64_t *off, uint64_t *nodes,
-              int *found);
+ * when nothing is searched), and alt (unless NULL) the other time direction's deepest partial
+ * tiling (all UINT64_MAX when found). With threads >= 2 the two time directions run on two threads (one
+ * started and joined here); the result under a node limit does not depend on threads. *nodes:
+ * nodes visited. VMM_OK or VMM_EHOSTMEM. */
+int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threads, uint64_t *off, uint64_t *alt,
+              uint64_t *nodes, int *found);
 
 /* ---- exact.c -------------------------------------------------------------------------------- */
 typedef struct plan_exact_in {

@@ -13,9 +13,11 @@
  * and places each item at its stretch's height. Identical items are tried once per node. A slot
  * boundary no unplaced item crosses splits the problem into parts solved on their own; parts
  * proven impossible are remembered (a hash cache). Restarts follow Luby's sequence of node
- * budgets, in both time directions, each with another tie order: a fixed sequence, so the search
- * is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
+ * budgets, in both time directions (two searches, on two threads when the caller has them), each
+ * with another tie order: a fixed sequence, so the search is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
  * search: plan_tile_applies says so. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,8 +45,9 @@ typedef struct ts {
     uint32_t *cuts;               /* per boundary t|t+1: unplaced items crossing it */
     uint64_t *memo;               /* parts proven impossible, by tile_key (a cache) */
     uint64_t *fw;                 /* Fenwick tree of the state hash, slots + 1 */
-    uint64_t *best_pos;           /* the most items any restart placed so far (shared), and how many */
+    uint64_t *best_pos;           /* the most items any restart placed so far, and how many */
     size_t *best_n;
+    atomic_int *halt;             /* set when the other orientation made this one pointless */
     uint32_t *placed;             /* placement stack (for undo) */
     size_t nplaced;
     uint64_t nodes, budget, node_limit, restart;
@@ -243,7 +246,8 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
 {
     if (s->budget == 0 || s->nodes >= s->node_limit)
         return -1;
-    if (s->nodes % TILE_CLOCK_EVERY == 0 && plan_now() > s->deadline) {
+    if (s->nodes % TILE_CLOCK_EVERY == 0 &&
+        (atomic_load_explicit(s->halt, memory_order_relaxed) || plan_now() > s->deadline)) {
         s->stopped = 1;
         return -1;
     }
@@ -426,71 +430,137 @@ out:
     return rc;
 }
 
-int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, uint64_t *off, uint64_t *nodes,
-              int *found)
+/* One orientation's sequence of restarts, run by one thread (or taking turns with the other). */
+typedef struct tile_run {
+    ts s;
+    uint64_t r, total, limit; /* next restart, nodes so far, node limit */
+    uint64_t *best;           /* deepest partial tiling (a complete one when found) */
+    size_t best_n;
+    int done, found;
+    atomic_int halt;          /* read by s's node loop */
+    struct tile_run *other;
+    int strict;               /* under a node limit: orientation 1 finding does not stop 0 */
+    int o;
+} tile_run;
+
+/* One restart of x; sets done when x has nothing more to do. */
+static void tile_step(tile_run *x)
+{
+    ts *s = &x->s;
+    size_t n = s->c->n, S = s->c->slots;
+    int lv = tile_luby(x->r);
+    if (x->total >= x->limit || lv > TILE_MAX_LEVEL) {
+        x->done = 1;
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        s->pos[i] = UINT64_MAX;
+    memset(s->floor, 0, S * sizeof *s->floor);
+    memset(s->cuts, 0, S * sizeof *s->cuts);
+    memset(s->fw, 0, (S + 1) * sizeof *s->fw);
+    for (uint32_t t = 0; t < (uint32_t)S; t++)
+        fw_xor(s, t, zfloor(t, 0));
+    for (size_t i = 0; i < n; i++)
+        fw_xor(s, s->items[i].lo, zitem((uint32_t)i));
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t t = s->items[i].lo; t + 1 < s->items[i].hi; t++)
+            s->cuts[t]++;
+    s->nplaced = 0;
+    s->ncand = 0;
+    s->restart = x->r++;
+    s->nodes = 0;
+    s->node_limit = x->limit - x->total;
+    s->budget = (uint64_t)TILE_UNIT * (n + 1) << lv;
+    int st = tile_dfs(s, 0, (uint32_t)S);
+    x->total += s->nodes;
+    if (st == 1) {
+        memcpy(x->best, s->pos, n * sizeof *x->best);
+        x->best_n = n;
+        x->found = 1;
+        /* the other orientation stops, unless a node limit asks for orientation 0's result */
+        if (!x->strict || x->o == 0)
+            atomic_store(&x->other->halt, 1);
+    }
+    if (st == 1 || st == 0 || s->stopped)
+        x->done = 1; /* found; proven, no tiling; out of time, memory, or stopped by the other */
+}
+
+static void *tile_main(void *arg)
+{
+    tile_run *x = arg;
+    while (!x->done)
+        tile_step(x);
+    return NULL;
+}
+
+int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threads, uint64_t *off, uint64_t *alt,
+              uint64_t *nodes, int *found)
 {
     *found = 0;
     *nodes = 0;
     for (size_t i = 0; i < c->n; i++)
         off[i] = UINT64_MAX;
+    if (alt)
+        memcpy(alt, off, c->n * sizeof *alt);
     if (!plan_tile_applies(c))
         return VMM_OK;
-    size_t n = c->n, S = c->slots;
-    /* Time forwards and backwards: the same instance searched from its other end. (Filling from
-     * the top would be no different: items have no address of their own to mirror.) */
-    const int norient = 2;
-    ts s[2];
-    memset(s, 0, sizeof s);
+    size_t n = c->n;
+    /* Time forwards and backwards: the same instance searched from its other end (filling from
+     * the top would be no different: items have no address of their own to mirror). Each
+     * orientation has its own restarts and half the node limit, so the result under a node limit
+     * is the same with one thread (taking turns) or two (side by side): orientation 0's tiling
+     * when it finds one, else 1's; else the deeper partial, 0's on a tie. */
+    tile_run run[2];
+    memset(run, 0, sizeof run);
     int rc = VMM_OK;
-    size_t best_n = 0;
-    for (int o = 0; o < norient && !rc; o++) {
-        rc = ts_init(&s[o], c, o);
-        s[o].best_pos = off; /* partial tilings go straight to the caller */
-        s[o].best_n = &best_n;
+    for (int o = 0; o < 2; o++) {
+        tile_run *x = &run[o];
+        x->o = o;
+        x->other = &run[1 - o];
+        x->strict = node_limit != 0;
+        x->limit = node_limit ? (o == 0 ? node_limit - node_limit / 2 : node_limit / 2) : UINT64_MAX;
+        x->done = x->limit == 0;
+        atomic_init(&x->halt, 0);
+        x->best = malloc((n ? n : 1) * sizeof *x->best);
+        if (!rc)
+            rc = ts_init(&x->s, c, o);
+        if (!x->best)
+            rc = VMM_EHOSTMEM;
+        if (rc)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            x->best[i] = UINT64_MAX;
+        x->s.best_pos = x->best;
+        x->s.best_n = &x->best_n;
+        x->s.halt = &x->halt;
+        x->s.deadline = deadline;
     }
-    uint64_t total = 0;
-    int stopped = 0, oom = 0;
-    uint64_t limit = node_limit ? node_limit : UINT64_MAX;
-    /* Restarts take the orientations in turn, each with budgets by Luby's sequence. */
-    for (uint64_t r = 0; !rc && !stopped && total < limit; r++) {
-        int lv = tile_luby(r / (uint64_t)norient);
-        if (lv > TILE_MAX_LEVEL)
-            break;
-        ts *x = &s[r % (uint64_t)norient];
-        for (size_t i = 0; i < n; i++)
-            x->pos[i] = UINT64_MAX;
-        memset(x->floor, 0, S * sizeof *x->floor);
-        memset(x->cuts, 0, S * sizeof *x->cuts);
-        memset(x->fw, 0, (S + 1) * sizeof *x->fw);
-        for (uint32_t t = 0; t < (uint32_t)S; t++)
-            fw_xor(x, t, zfloor(t, 0));
-        for (size_t i = 0; i < n; i++)
-            fw_xor(x, x->items[i].lo, zitem((uint32_t)i));
-        for (size_t i = 0; i < n; i++)
-            for (uint32_t t = x->items[i].lo; t + 1 < x->items[i].hi; t++)
-                x->cuts[t]++;
-        x->nplaced = 0;
-        x->ncand = 0;
-        x->restart = r / (uint64_t)norient;
-        x->deadline = deadline;
-        x->nodes = 0;
-        x->node_limit = limit - total;
-        x->budget = (uint64_t)TILE_UNIT * (n + 1) << lv;
-        int st = tile_dfs(x, 0, (uint32_t)S);
-        total += x->nodes;
-        stopped = x->stopped;
-        oom = x->oom;
-        if (st == 1) {
-            memcpy(off, x->pos, n * sizeof *off);
-            *found = 1;
-            break;
+    if (!rc) {
+        pthread_t th;
+        if (threads >= 2 && pthread_create(&th, NULL, tile_main, &run[1]) == 0) {
+            tile_main(&run[0]);
+            pthread_join(th, NULL);
+        } else {
+            while (!run[0].done || !run[1].done)
+                for (int o = 0; o < 2; o++)
+                    if (!run[o].done)
+                        tile_step(&run[o]);
         }
-        if (st == 0)
-            break; /* a search that completed: proven, no tiling */
     }
-    *nodes = total;
-    for (int o = 0; o < norient; o++)
-        ts_free(&s[o]);
+    int oom = 0;
+    if (!rc) {
+        int w = run[0].found ? 0 : run[1].found ? 1 : run[1].best_n > run[0].best_n ? 1 : 0;
+        memcpy(off, run[w].best, n * sizeof *off);
+        if (alt && !run[w].found)
+            memcpy(alt, run[1 - w].best, n * sizeof *alt);
+        *found = run[w].found;
+        *nodes = run[0].total + run[1].total;
+        oom = run[0].s.oom || run[1].s.oom;
+    }
+    for (int o = 0; o < 2; o++) {
+        ts_free(&run[o].s);
+        free(run[o].best);
+    }
     if (rc || oom)
         return vmm_fail(VMM_EHOSTMEM, "plan: out of host memory");
     return VMM_OK;

@@ -94,6 +94,29 @@ int main(void)
                (double)h.arena_bytes / VMM_PLAN_GEN_HEIGHT, (double)r.arena_bytes / VMM_PLAN_GEN_HEIGHT, r.winner);
     }
 
+    /* Under a node limit the two time directions on two threads give what one thread taking turns
+     * gives: the same tiling (or the same partial one when the limit cuts it short). */
+    for (uint64_t seed = 1001; seed <= 1003; seed++) {
+        vmm_plan_buffer b[N];
+        CHECK_OK(vmm_plan_generate(VMM_PLAN_GEN_PINWHEEL, N, seed, b));
+        plan_ctx pc;
+        CHECK_OK(plan_ctx_build(&pc, b, N));
+        static const uint64_t limits[] = {1, 60, 150, 4000, 100000};
+        for (size_t l = 0; l < sizeof limits / sizeof limits[0]; l++) {
+            uint64_t o1[N], o2[N], a1[N], a2[N], n1 = 0, n2 = 0;
+            int f1 = -1, f2 = -1;
+            CHECK_OK(plan_tile(&pc, plan_now() + 120, limits[l], 1, o1, a1, &n1, &f1));
+            CHECK_OK(plan_tile(&pc, plan_now() + 120, limits[l], 2, o2, a2, &n2, &f2));
+            CHECK_EQ(f1, f2);
+            CHECK(memcmp(o1, o2, sizeof o1) == 0);
+            CHECK(memcmp(a1, a2, sizeof a1) == 0);
+            CHECK(n1 <= limits[l] && n2 <= limits[l]);
+            if (l == 0)
+                CHECK_EQ(f1, 0); /* 1 node cannot place 200 items */
+        }
+        plan_ctx_free(&pc);
+    }
+
     /* Not a tiling instance (a slot below the bound): the search leaves it alone. */
     vmm_plan_buffer ex[3] = {{0, 3, 4, 0, -1, 0, 0, 0, 0, 0}, {3, 9, 4, 0, -1, 0, 0, 0, 0, 0},
                              {0, 9, 8, 0, -1, 0, 0, 0, 0, 0}};
@@ -106,7 +129,7 @@ int main(void)
     CHECK_EQ(plan_tile_applies(&c), 0);
     uint64_t off[3], nodes = 9;
     int found = 1;
-    CHECK_OK(plan_tile(&c, plan_now() + 1, 0, off, &nodes, &found));
+    CHECK_OK(plan_tile(&c, plan_now() + 1, 0, 2, off, NULL, &nodes, &found));
     CHECK_EQ(found, 0);
     CHECK_EQ(nodes, 0);
     plan_ctx_free(&c);
