@@ -258,11 +258,21 @@ typedef struct vmm_sim_options {
     uint64_t fail_seed;
 } vmm_sim_options;
 
-/* drv_sim.c */
+/* sim_options.c: the options as data (no device), what code above the driver may use of the
+ * simulator (the configuration's sim_* keys). */
 void vmm_sim_default_options(vmm_sim_options *o);
 /* The modeled cost in nanoseconds of one call of `kind` on `size` bytes under options o (the
  * cost_points of that kind, else cost_ns[kind]). */
 uint64_t vmm_sim_cost_of(const vmm_sim_options *o, int kind, uint64_t size);
+/* The VMM_SIM_CALL_* named by the len bytes at name (vmm_sim_call_name's names, any case); -3 for
+ * none. */
+int vmm_sim_call_kind(const char *name, size_t len);
+/* Reads the "sim_cost_table" array of a cost file's text ([["kind", size_bytes, ns], ...]) into o:
+ * size 0 sets cost_ns[kind], other sizes are cost_points. VMM_ECONFIG (message naming key and path)
+ * on a bad table, o then partly written: parse into a copy. */
+int vmm_sim_cost_table_parse(vmm_sim_options *o, const char *key, const char *path, const char *text);
+
+/* drv_sim.c */
 int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
 int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
 int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);
