@@ -88,39 +88,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errors.h"
 #include "vmmalloc.h"
 #include "vmmalloc_sim.h"
 
-typedef enum vmm_drv_result {
-    VMM_DRV_SUCCESS = 0,
-    VMM_DRV_INVALID_VALUE = 1,
-    VMM_DRV_OUT_OF_MEMORY = 2,
-    VMM_DRV_NOT_INITIALIZED = 3,
-    VMM_DRV_NO_DEVICE = 100,
-    VMM_DRV_INVALID_DEVICE = 101,
-    VMM_DRV_INVALID_HANDLE = 400,
-    VMM_DRV_NOT_READY = 600,
-    VMM_DRV_NOT_SUPPORTED = 801,
-    /* Stream capture (CUDA graphs): see "Capture" in the contract above. */
-    VMM_DRV_STREAM_CAPTURE_UNSUPPORTED = 900, /* not permitted while (this) capture goes on */
-    VMM_DRV_STREAM_CAPTURE_INVALIDATED = 901, /* the capture was invalidated by an earlier error */
-    VMM_DRV_STREAM_CAPTURE_MERGE = 902,       /* would merge two captures */
-    VMM_DRV_STREAM_CAPTURE_UNMATCHED = 903,   /* ended on another stream than it began on */
-    VMM_DRV_STREAM_CAPTURE_ISOLATION = 905,   /* capturing stream waits on an uncaptured event */
-    VMM_DRV_STREAM_CAPTURE_IMPLICIT = 906,    /* legacy stream next to a blocking capture */
-    VMM_DRV_CAPTURED_EVENT = 907,             /* query / sync of an event recorded in capture */
-    VMM_DRV_STREAM_CAPTURE_WRONG_THREAD = 908, /* ended by another thread than its owner */
-    VMM_DRV_UNKNOWN = 999,
-} vmm_drv_result;
+/* vmm_drv_result, its names and its status codes: base/errors.h (error.c maps them without
+ * knowing the driver). */
 
 /* Capture interaction modes of a thread and of a capture (CUstreamCaptureMode's values). */
 enum { VMM_CAPTURE_MODE_GLOBAL = 0, VMM_CAPTURE_MODE_THREAD_LOCAL = 1, VMM_CAPTURE_MODE_RELAXED = 2 };
 
-/* Name of a result ("CUDA_ERROR_INVALID_VALUE" style) for messages: the contract's kinds from a
- * table, any other CUresult from the loaded CUDA driver's cuGetErrorName. */
-const char *vmm_drv_result_name(int r);
-/* Used by drv_cuda.c once libcuda is loaded: names for results outside the table (NULL: unknown). */
-void vmm_drv_set_result_namer(const char *(*namer)(int));
 
 typedef uint64_t vmm_phys; /* physical allocation handle (CUmemGenericAllocationHandle); 0 is none */
 typedef void *vmm_event;   /* CUevent or a sim event */
