@@ -135,7 +135,8 @@ def check(nm, objects, out=sys.stdout, srcdir=None):
                 why = "%s may not call %s (a layer above)" % (lf, lt)
             elif lt == "driver" and lf != "driver" and sym not in DRIVER_ENTRY \
                     and tmod not in DRIVER_CONTRACT and (mod, tmod) != SIM_API:
-                why = "above the driver, only the contract (driver.h's ops, DRIVER_ENTRY)"
+                why = ("above the driver, only the contract (driver.h's ops, DRIVER_ENTRY, "
+                       "driver/sim_options)")
             if why:
                 bad.append("%s -> %s: %s (%s)" % (src, tsrc, sym, why))
     # loops: strongly connected components of the module graph (Tarjan, iterative)
