@@ -274,6 +274,7 @@ def self_test(cc, nm):
         "src/planner/tree.c": "int naive_fn(void); int tree_fn(void) { return naive_fn(); }\n",
         "src/planner/naive.c": "int tree_fn(void); int naive_fn(void) { return tree_fn(); }\n",
         "src/planner/verify.c": "int plan_fn(void); int v_fn(void) { return plan_fn(); }\n",
+        "src/planner/unranked.c": "int p_fn(void); int u_fn(void) { return p_fn(); }\n",
     }
     headers = {  # read by the include check only
         "src/core/x.h": "#include \"base/y.h\"\n#include \"driver/driver.h\"\n",
@@ -286,10 +287,11 @@ def self_test(cc, nm):
               "loop between modules: planner/naive, planner/tree",
               "plan_fn (planner/verify may not call planner/plan",
               'src/base/up.h:2: includes "core/x.h" (base may not include core',
-              'src/planner/pl.h:2: includes "internal.h"']
+              'src/planner/pl.h:2: includes "internal.h"',
+              "src/planner/unranked.c: a planner file without a rank"]
     unexpected = ["vmm_sim_opt", "core/x.h:", "planner/plan.c.o ->", "planner/plan.c ->"]
     bad_objs = ("c.c.o", "d.c.o", "e.c.o", "f.c.o", "stray.c.o", "tree.c.o", "naive.c.o",
-                "verify.c.o")
+                "verify.c.o", "unranked.c.o")
     with tempfile.TemporaryDirectory() as tmp:
         objs = []
         for rel, text in files.items():
@@ -323,7 +325,7 @@ def self_test(cc, nm):
             print("layer_check self-test: FAILED (a clean tree was refused)")
             return 1
     print("layer_check self-test: the upward call, the loop, the simulator call, the stray file, "
-          "the planner's upward call and loop and the upward includes were reported; the "
+          "the planner's upward call, loop and unranked file, and the upward includes were reported; the "
           "options module and the clean tree passed")
     return 0
 
