@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "base/errors.h"
-#include "driver/driver.h"
 
 enum { ERROR_MESSAGE_MAX = 2048 }; /* room for the OOM report with its numbers */
 

@@ -536,13 +536,7 @@ static int f_sim_cost_model(const vmm_config *c, char *b, size_t n)
     return snprintf(b, n, "%s", c->sim.cost_model ? "true" : "false");
 }
 
-static int call_kind_from_token(token v)
-{
-    for (int k = 0; k < VMM_SIM_CALL_COUNT; k++)
-        if (token_eq(v, vmm_sim_call_name(k)))
-            return k;
-    return -3;
-}
+static int call_kind_from_token(token v) { return vmm_sim_call_kind(v.s, v.len); }
 
 /* [kind:ns,kind:ns] overrides modeled costs of the listed call kinds. */
 static int p_sim_cost(vmm_config *c, const char *key, token v)
@@ -581,74 +575,6 @@ static int f_sim_cost(const vmm_config *c, char *b, size_t n)
     return w + snprintf(b + off, n - off, "]");
 }
 
-/* ---- sim_cost_file: a JSON file with "sim_cost_table": [["kind", size_bytes, ns], ...] ------------
- * (tools/gpu-check writes it as costs.json). Only that array is read, with a scanner for exactly
- * that shape: the file's other members may be anything. Size 0 sets the kind's flat cost (as
- * sim_cost_ns does); other sizes are cost points (driver.h, vmm_sim_options). */
-static const char *json_ws(const char *p)
-{
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
-        p++;
-    return p;
-}
-
-static int cost_table_parse(vmm_sim_options *o, const char *key, const char *path, const char *text)
-{
-    const char *p = strstr(text, "\"sim_cost_table\"");
-    if (!p)
-        return vmm_fail(VMM_ECONFIG, "config key '%s': %s has no \"sim_cost_table\" member", key, path);
-    p = json_ws(p + strlen("\"sim_cost_table\""));
-    if (*p != ':' || *(p = json_ws(p + 1)) != '[')
-        return vmm_fail(VMM_ECONFIG, "config key '%s': %s: \"sim_cost_table\" is not an array", key, path);
-    o->n_cost_points = 0;
-    p = json_ws(p + 1);
-    while (*p != ']') {
-        char name[64];
-        size_t n = 0;
-        unsigned long long size, ns;
-        int used = 0;
-        if (*p != '[' || *(p = json_ws(p + 1)) != '"')
-            goto bad;
-        for (p++; *p && *p != '"' && n + 1 < sizeof name; p++)
-            name[n++] = *p;
-        name[n] = 0;
-        if (*p != '"' || *(p = json_ws(p + 1)) != ',')
-            goto bad;
-        p = json_ws(p + 1);
-        if (sscanf(p, "%llu%n", &size, &used) != 1 || *p == '-')
-            goto bad;
-        if (*(p = json_ws(p + used)) != ',')
-            goto bad;
-        p = json_ws(p + 1);
-        if (sscanf(p, "%llu%n", &ns, &used) != 1 || *p == '-')
-            goto bad;
-        if (*(p = json_ws(p + used)) != ']')
-            goto bad;
-        int kind = call_kind_from_token((token){name, n});
-        if (kind < 0)
-            return vmm_fail(VMM_ECONFIG, "config key '%s': %s: unknown call kind '%s'", key, path, name);
-        if (size == 0) {
-            o->cost_ns[kind] = ns;
-        } else {
-            if (o->n_cost_points == VMM_SIM_COST_POINTS_MAX)
-                return vmm_fail(VMM_ECONFIG, "config key '%s': %s: more than %d sized costs", key, path,
-                                VMM_SIM_COST_POINTS_MAX);
-            o->cost_points[o->n_cost_points++] = (struct vmm_sim_cost_point){kind, size, ns};
-        }
-        p = json_ws(p + 1);
-        if (*p == ',')
-            p = json_ws(p + 1);
-        else if (*p != ']')
-            goto bad;
-    }
-    return VMM_OK;
-bad:
-    return vmm_fail(VMM_ECONFIG,
-                    "config key '%s': %s: \"sim_cost_table\" must hold [\"kind\", size_bytes, nanoseconds] "
-                    "items; bad item at byte %ld",
-                    key, path, (long)(p - text));
-}
-
 static int p_sim_cost_file(vmm_config *c, const char *key, token v)
 {
     char path[VMM_SIM_COST_FILE_MAX];
@@ -677,7 +603,7 @@ static int p_sim_cost_file(vmm_config *c, const char *key, token v)
     text[n] = 0;
     /* into a copy: a bad file leaves the configuration as it was */
     vmm_sim_options o = c->sim;
-    int rc = cost_table_parse(&o, key, path, text);
+    int rc = vmm_sim_cost_table_parse(&o, key, path, text);
     free(text);
     if (rc != VMM_OK)
         return rc;

@@ -88,39 +88,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/errors.h"
 #include "vmmalloc.h"
 #include "vmmalloc_sim.h"
 
-typedef enum vmm_drv_result {
-    VMM_DRV_SUCCESS = 0,
-    VMM_DRV_INVALID_VALUE = 1,
-    VMM_DRV_OUT_OF_MEMORY = 2,
-    VMM_DRV_NOT_INITIALIZED = 3,
-    VMM_DRV_NO_DEVICE = 100,
-    VMM_DRV_INVALID_DEVICE = 101,
-    VMM_DRV_INVALID_HANDLE = 400,
-    VMM_DRV_NOT_READY = 600,
-    VMM_DRV_NOT_SUPPORTED = 801,
-    /* Stream capture (CUDA graphs): see "Capture" in the contract above. */
-    VMM_DRV_STREAM_CAPTURE_UNSUPPORTED = 900, /* not permitted while (this) capture goes on */
-    VMM_DRV_STREAM_CAPTURE_INVALIDATED = 901, /* the capture was invalidated by an earlier error */
-    VMM_DRV_STREAM_CAPTURE_MERGE = 902,       /* would merge two captures */
-    VMM_DRV_STREAM_CAPTURE_UNMATCHED = 903,   /* ended on another stream than it began on */
-    VMM_DRV_STREAM_CAPTURE_ISOLATION = 905,   /* capturing stream waits on an uncaptured event */
-    VMM_DRV_STREAM_CAPTURE_IMPLICIT = 906,    /* legacy stream next to a blocking capture */
-    VMM_DRV_CAPTURED_EVENT = 907,             /* query / sync of an event recorded in capture */
-    VMM_DRV_STREAM_CAPTURE_WRONG_THREAD = 908, /* ended by another thread than its owner */
-    VMM_DRV_UNKNOWN = 999,
-} vmm_drv_result;
+/* vmm_drv_result, its names and its status codes: base/errors.h (error.c maps them without
+ * knowing the driver). */
 
 /* Capture interaction modes of a thread and of a capture (CUstreamCaptureMode's values). */
 enum { VMM_CAPTURE_MODE_GLOBAL = 0, VMM_CAPTURE_MODE_THREAD_LOCAL = 1, VMM_CAPTURE_MODE_RELAXED = 2 };
 
-/* Name of a result ("CUDA_ERROR_INVALID_VALUE" style) for messages: the contract's kinds from a
- * table, any other CUresult from the loaded CUDA driver's cuGetErrorName. */
-const char *vmm_drv_result_name(int r);
-/* Used by drv_cuda.c once libcuda is loaded: names for results outside the table (NULL: unknown). */
-void vmm_drv_set_result_namer(const char *(*namer)(int));
 
 typedef uint64_t vmm_phys; /* physical allocation handle (CUmemGenericAllocationHandle); 0 is none */
 typedef void *vmm_event;   /* CUevent or a sim event */
@@ -258,11 +235,21 @@ typedef struct vmm_sim_options {
     uint64_t fail_seed;
 } vmm_sim_options;
 
-/* drv_sim.c */
+/* sim_options.c: the options as data (no device), what code above the driver may use of the
+ * simulator (the configuration's sim_* keys). */
 void vmm_sim_default_options(vmm_sim_options *o);
 /* The modeled cost in nanoseconds of one call of `kind` on `size` bytes under options o (the
  * cost_points of that kind, else cost_ns[kind]). */
 uint64_t vmm_sim_cost_of(const vmm_sim_options *o, int kind, uint64_t size);
+/* The VMM_SIM_CALL_* named by the len bytes at name (vmm_sim_call_name's names, any case); -3 for
+ * none. */
+int vmm_sim_call_kind(const char *name, size_t len);
+/* Reads the "sim_cost_table" array of a cost file's text ([["kind", size_bytes, ns], ...]) into o:
+ * size 0 sets cost_ns[kind], other sizes are cost_points. VMM_ECONFIG (message naming key and path)
+ * on a bad table, o then partly written: parse into a copy. */
+int vmm_sim_cost_table_parse(vmm_sim_options *o, const char *key, const char *path, const char *text);
+
+/* drv_sim.c */
 int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
 int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
 int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);

@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "base/base.h"
+#include "base/errors.h"
 #include "vmmalloc_plan.h"
 
 typedef struct plan_item {
