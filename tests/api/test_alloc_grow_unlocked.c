@@ -4,7 +4,9 @@
  * malloc and free cached blocks, call vmm_check and vmm_empty_cache; every check passes and nothing
  * leaks. Then, with mem_create taking real time (sim_real_time_create), a cached malloc on another
  * stream completes while a create is in flight: counted, not timed. Last, untagged memory is put
- * to sleep while a growth into it is in flight. */
+ * to sleep while a growth into it is in flight. The timed runs use handles of up to 20 MiB: with
+ * the default of one handle per 2 MiB page a 64 MiB growth is 32 creates, and the test took 45 s
+ * (past its 120 s limit under load) instead of about 2 s. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -167,7 +169,7 @@ static void lockstep(int unlocked)
     /* 5 ms per create: a cached malloc needs microseconds */
     char conf[256];
     snprintf(conf, sizeof conf, "driver:sim,sim_capacity:4G,sim_backed:false,thread_cache:0,"
-             "sim_real_time_create:true,sim_cost_ns:[mem_create:5000000],grow_unlocked:%s",
+             "sim_real_time_create:true,sim_cost_ns:[mem_create:5000000],max_handle_size:20M,grow_unlocked:%s",
              unlocked ? "true" : "false");
     CHECK_OK(vmm_create(conf, &A));
     if (!A)
@@ -228,7 +230,7 @@ static void *sleep_grower(void *arg)
 static void sleep_meanwhile(void)
 {
     CHECK_OK(vmm_create("driver:sim,sim_capacity:4G,sim_backed:false,thread_cache:0,"
-                        "sim_real_time_create:true,sim_cost_ns:[mem_create:40000000]", &A));
+                        "sim_real_time_create:true,sim_cost_ns:[mem_create:40000000],max_handle_size:20M", &A));
     if (!A)
         return;
     sleeper_arg t = {NULL, NULL, 0};
@@ -268,7 +270,7 @@ int main(void)
     stress("driver:sim,sim_capacity:8G,sim_backed:false,thread_cache:0", 3000);
     /* creates that last (0.5 ms): vmm_check and empty_cache meet growths in flight */
     stress("driver:sim,sim_capacity:8G,sim_backed:false,thread_cache:0,sim_real_time_create:true,"
-           "sim_cost_ns:[mem_create:500000]", 30);
+           "sim_cost_ns:[mem_create:500000],max_handle_size:20M", 30);
     lockstep(1);
     lockstep(0);
     sleep_meanwhile();
