@@ -307,7 +307,8 @@ VMM_API int vmm_pool_retain(vmm_allocator *a, uint64_t id0, uint64_t id1);
  * valid and return to their stream's default pool when freed, free blocks become cached memory at
  * once. That needs one device synchronization (counted in num_sync_all_streams), to be sure no
  * replay still runs on the memory; while captures are underway (routes in force) it waits for the
- * last vmm_pool_end. Returns VMM_OK, VMM_EINVAL (no such pool, or no user left), VMM_EDRIVER (the
+ * last vmm_pool_end, and while a tag of its memory sleeps (vmm_sleep) it waits for that tag's
+ * vmm_wake. Returns VMM_OK, VMM_EINVAL (no such pool, or no user left), VMM_EDRIVER (the
  * synchronization failed: the pool stays released and is retried at the next vmm_pool_end /
  * vmm_empty_cache).
  */
@@ -353,7 +354,9 @@ VMM_API int vmm_pool_lookup(vmm_allocator *a, const void *ptr, uint64_t *id0, ui
 
 /* Allocate `size` bytes of page-locked host memory whose first use is on `stream`. size 0 sets *ptr
  * to NULL and returns VMM_OK. Returns VMM_OK, VMM_EINVAL (ptr NULL, size too large), VMM_EHOSTMEM
- * (the host cannot pin more, even after the cache was emptied), VMM_ENOTSUP, VMM_EDRIVER. */
+ * (the host cannot pin more, even after the cache was emptied; while a capture is
+ * underway, a route in force or `stream` capturing, the cache is not emptied, since cuMemFreeHost
+ * synchronizes the device), VMM_ENOTSUP, VMM_EDRIVER. */
 VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr);
 
 /* Free a block from vmm_pinned_malloc. It becomes reusable once the work queued so far on its
@@ -680,7 +683,10 @@ VMM_API int vmm_sleep(vmm_allocator *a, const char *const *tags, size_t n_tags, 
  * the KV cache later) are separate calls. When the device cannot hold them everything is undone:
  * nothing stays mapped, the tags stay asleep with their backups, and VMM_ENOMEM says how much was
  * missing; a later wake, once memory is free, succeeds.
- * Returns VMM_OK, VMM_EINVAL (unknown tag), VMM_ENOMEM, VMM_EDRIVER (undone likewise), VMM_EHOSTMEM.
+ * Returns VMM_OK, VMM_EINVAL (unknown tag), VMM_ENOMEM, VMM_EDRIVER (undone likewise; except when
+ * the restore copies could not be waited for: then the pages mapped for them stay mapped, since
+ * unmapping memory with copies queued on it would fault, and the next wake reuses them; the tags
+ * stay asleep either way), VMM_EHOSTMEM.
  */
 VMM_API int vmm_wake(vmm_allocator *a, const char *const *tags, size_t n_tags);
 

@@ -758,8 +758,9 @@ void vmm_capture_destroy(vmm_allocator *a);
 
 /* The private pool an allocation on stream s goes to while routes are in force (NULL: default). */
 vmm_mempool *vmm_mempool_route(vmm_allocator *a, vmm_stream s);
-/* Released pools waiting for a moment without captures: dissolve them now if possible
- * (synchronizes the device once). Called when the last route ends and by vmm_empty_cache. */
+/* Released pools waiting for a moment without captures (and for their tags to be awake):
+ * dissolve them now if possible (synchronizes the device once). Called when the last route ends,
+ * by vmm_empty_cache and by vmm_wake. */
 void vmm_mempool_settle(vmm_allocator *a);
 /* Totals over private pools for the stats JSON and the OOM report (caller holds the lock). */
 void vmm_mempool_totals(const vmm_allocator *a, int64_t *pools, int64_t *reserved, int64_t *allocated,
@@ -885,6 +886,8 @@ void vmm_sleep_free(vmm_allocator *a, vmm_block *b, size_t slot);
 int vmm_sleep_check(vmm_allocator *a);
 /* vmm_destroy: backups freed (host memory), tag table freed. */
 void vmm_sleep_destroy(vmm_allocator *a);
+/* 1 when tag t is asleep or going to sleep (caller holds the lock). */
+int vmm_sleep_tag_asleep(const vmm_allocator *a, int t);
 
 /* ---- ipc.c -------------------------------------------------------------------------------- */
 

@@ -384,8 +384,9 @@ static int block_reserve_use(vmm_pinned *p, pin_block *b)
     return VMM_OK;
 }
 
-/* A new block of class `shift` from the driver (retrying once after releasing the cache). */
-static int block_new(vmm_pinned *p, int shift, pin_block **out)
+/* A new block of class `shift` from the driver (retrying once after releasing the cache, unless
+ * no_sync: a capture is underway, and host_free would synchronize the device, invalidating it). */
+static int block_new(vmm_pinned *p, int shift, int no_sync, pin_block **out)
 {
     size_t size = (size_t)1 << shift;
     pin_block *b = vmm_meta_alloc(p->meta, sizeof *b);
@@ -396,8 +397,10 @@ static int block_new(vmm_pinned *p, int shift, pin_block **out)
     }
     void *ptr = NULL;
     int r = p->drv->ops->host_alloc(p->drv, size, &ptr);
-    if (r == VMM_DRV_OUT_OF_MEMORY && p->st.cached_blocks) {
+    int emptied = 0;
+    if (r == VMM_DRV_OUT_OF_MEMORY && p->st.cached_blocks && !no_sync) {
         release_cached(p);
+        emptied = 1;
         r = p->drv->ops->host_alloc(p->drv, size, &ptr);
     }
     if (r) {
@@ -405,9 +408,14 @@ static int block_new(vmm_pinned *p, int shift, pin_block **out)
         if (r == VMM_DRV_OUT_OF_MEMORY)
             return vmm_fail(VMM_EHOSTMEM,
                             "pinned memory: cannot pin %zu more bytes of host memory (%lld bytes "
-                            "pinned in %lld blocks, %lld of them in use; the cache was emptied)",
+                            "pinned in %lld blocks, %lld of them in use; %s)",
                             size, (long long)p->st.reserved_bytes.current,
-                            (long long)p->st.segments.current, (long long)p->st.allocations.current);
+                            (long long)p->st.segments.current, (long long)p->st.allocations.current,
+                            emptied           ? "the cache was emptied"
+                            : p->st.cached_blocks ? "the cache was not emptied: a CUDA graph capture is "
+                                                    "underway, and freeing host memory synchronizes "
+                                                    "the device: capture prevented the sync"
+                                              : "nothing was cached");
         return vmm_fail_drv(r, "pinned memory: host_alloc");
     }
     b->ptr = ptr;
@@ -449,11 +457,24 @@ VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, 
     pthread_mutex_lock(&p->mu);
     pending_poll(p);
     pin_block *b = p->free_list[shift];
-    if (b) {
+    int reused = b != NULL;
+    if (!b) {
+        /* A miss (host_alloc ahead, far dearer than a lock): whether captures are underway as the
+         * device pools see them (capture.c), since then the cache must not be emptied. The
+         * allocator's lock is taken without p->mu (vmm_destroy takes them in that order). */
+        pthread_mutex_unlock(&p->mu);
+        vmm_lock(a);
+        int no_sync = vmm_capture_no_sync(a, stream);
+        vmm_unlock(a);
+        pthread_mutex_lock(&p->mu);
+        b = p->free_list[shift];
+        reused = b != NULL;
+        if (!b)
+            rc = block_new(p, shift, no_sync, &b);
+    }
+    if (reused) {
         free_unlink(p, b);
         p->st.num_reuses++;
-    } else {
-        rc = block_new(p, shift, &b);
     }
     if (rc == VMM_OK) {
         b->state = PIN_LIVE;
