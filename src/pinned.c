@@ -736,7 +736,13 @@ void vmm_pinned_destroy(vmm_allocator *a)
     for (size_t i = 0; i < p->table_cap; i++) {
         for (pin_block *b = p->table[i], *next; b; b = next) {
             next = b->hnext;
-            p->drv->ops->host_free(p->drv, b->ptr);
+            /* the last chance: a transient refusal must not leak the block */
+            int r = VMM_DRV_SUCCESS;
+            for (int t = 0; t < 8 && (t == 0 || r != VMM_DRV_SUCCESS); t++)
+                r = p->drv->ops->host_free(p->drv, b->ptr);
+            if (r != VMM_DRV_SUCCESS)
+                fprintf(stderr, "vmmalloc: vmm_destroy: a pinned block of %zu bytes could not be freed "
+                                "(%s)\n", b->size, vmm_drv_result_name(r));
             block_delete(p, b);
         }
     }

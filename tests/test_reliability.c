@@ -15,7 +15,8 @@
  *  6. vmm_pinned_malloc out of pinned memory during a capture: emptying the cache (cuMemFreeHost)
  *     synchronized the device and invalidated the capture;
  *  7. vmm_pool_release of a pool while its tag sleeps: its mapped segments joined the sleeping
- *     default pools (vmm_check: ECORRUPT).
+ *     default pools (vmm_check: ECORRUPT);
+ * and one of the same shape as 3: vmm_destroy leaked what the driver refused to release once.
  * Each ends with vmm_check and, after vmm_destroy, no simulated resource alive.
  */
 #include <stdatomic.h>
@@ -309,6 +310,45 @@ static void pool_release_while_asleep(void)
     vmm_destroy(a);
 }
 
+/* Same shape as 3: vmm_destroy ignored a refused release (handle, VA, classic segment, pinned
+ * block, backup buffer) and leaked it; it now tries again. */
+static void destroy_after_refusals(int expandable)
+{
+    printf("vmm_destroy: the first release of each kind refused (%s)\n", expandable ? "expandable" : "classic");
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create(expandable ? "driver:sim,sim_backed:true" : "driver:sim,sim_backed:true,"
+                                                                    "expandable_segments:false", &a));
+    if (!a)
+        return;
+    void *p = NULL, *q = NULL, *h = NULL;
+    CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &p));
+    CHECK_OK(vmm_malloc(a, 5000, NULL, &q));
+    CHECK_OK(vmm_free(a, q)); /* cached */
+    CHECK_OK(vmm_pinned_malloc(a, 4096, NULL, &h));
+    CHECK_OK(vmm_pinned_free(a, h));
+    if (expandable) { /* a kept backup buffer */
+        CHECK_OK(vmm_set_tag(a, "t"));
+        void *t = NULL;
+        CHECK_OK(vmm_malloc(a, 4096, NULL, &t));
+        CHECK_OK(vmm_sleep(a, NULL, 0, VMM_SLEEP_BACKUP | VMM_SLEEP_KEEP_HOST));
+        CHECK_OK(vmm_wake(a, NULL, 0));
+        CHECK_OK(vmm_free(a, t));
+    }
+    CHECK_OK(vmm_free(a, p));
+    CHECK_OK(vmm_check(a));
+    const int kinds[] = {VMM_SIM_CALL_MEM_RELEASE, VMM_SIM_CALL_VA_FREE, VMM_SIM_CALL_MEM_FREE,
+                         VMM_SIM_CALL_HOST_FREE};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        CHECK_OK(vmm_sim_fail_nth(a, kinds[i], 1));
+    vmm_destroy(a); /* reports live blocks: none; leaks show in the final check */
+}
+
+static void destroy_refusals(void)
+{
+    destroy_after_refusals(1);
+    destroy_after_refusals(0);
+}
+
 static const struct {
     const char *name;
     void (*fn)(void);
@@ -316,7 +356,7 @@ static const struct {
     {"snapshot", snapshot_group_without_stacks}, {"callbacks", callbacks_during_capture},
     {"wake_host_free", wake_host_free_fails},    {"classic_sleep", classic_sleep_with_pending_free},
     {"wake_restores", wake_unconfirmed_restores}, {"pinned", pinned_oom_during_capture},
-    {"pool_release", pool_release_while_asleep},
+    {"pool_release", pool_release_while_asleep}, {"destroy", destroy_refusals},
 };
 
 /* No argument: every case; else the cases named. */
