@@ -60,14 +60,19 @@ typedef struct fz {
     int used_tag[N_TAGS];
     int slept_mode[N_TAGS];
     int faults;          /* random faults on */
+    int fault_kind;      /* and their setting, to turn them on again for vmm_destroy */
+    double fault_p;
+    unsigned fault_seed;
     int expandable;
     /* pools: ids 1..3; routes in force */
     int routed[4];
     int users[4];
     int capturing;       /* stream 1 captures (route to pool 1 in force) */
     int unsafe;          /* a call that may synchronize was made during the capture */
-    vmm_sim_graph *graphs[8];
+    vmm_sim_graph *graphs[8];    /* each holds a user of pool 1 (its capture's vmm_pool_begin) */
     int n_graphs;
+    int captured_writes;         /* memsets recorded by the capture in progress */
+    int replayed;                /* a graph was replayed: pool 1's memory may be written any time */
     /* mapping callbacks */
     int cb_on;
     uintptr_t pages[MAX_PAGES];
@@ -177,6 +182,16 @@ static int free_cb(void *ctx) { return 0; }
 
 /* ---- blocks ---------------------------------------------------------------------------------- */
 
+/* The private pool id (1..3) of a live block, 0 for the default pools. */
+static int pool_of(const live *b)
+{
+    uint64_t i0 = 9, i1 = 9;
+    if (vmm_pool_lookup(F.a, b->p, &i0, &i1))
+        die("vmm_pool_lookup of a live block");
+    return (int)i0;
+}
+
+
 /* A block sleeps: its tag sleeps and it lies in the default pools (private pools do not sleep). */
 static int block_asleep(const live *b)
 {
@@ -227,6 +242,8 @@ static void add_live(void *p, size_t size, int group)
     live *b = &F.blk[F.n_live++];
     *b = (live){p, size, F.cur_tag, 0, F.seed++ * 2654435761u, group};
     fill(b);
+    if (F.replayed && pool_of(b) == 1)
+        b->known = 0; /* a replay still queued may write it (the pool is shared) */
 }
 
 static void do_free(int i)
@@ -453,6 +470,8 @@ static void step(fz *f)
             allowed(rc, "vmm_pool_retain", VMM_OK, VMM_EHOSTMEM, 1);
             f->users[id] += rc == VMM_OK;
         } else {
+            if (id == 1 && f->users[1] <= f->n_graphs + f->capturing)
+                break; /* the graphs' and the capture's users (PyTorch releases when a graph goes) */
             rc = vmm_pool_release(a, (uint64_t)id, 0);
             allowed(rc, "vmm_pool_release", VMM_OK, VMM_EINVAL, VMM_EDRIVER, 1);
             if ((rc == VMM_EINVAL) != (f->users[id] == 0))
@@ -483,28 +502,63 @@ static void step(fz *f)
             }
             f->capturing = 1;
             f->unsafe = 0;
+            f->captured_writes = 0;
         } else {
             vmm_sim_graph *g = NULL;
             rc = vmm_sim_capture_end(a, f->s[1], &g);
             if (rc && !f->unsafe && !f->faults)
                 die("capture invalidated by the allocator: %s", vmm_last_error());
-            if (g)
-                f->graphs[f->n_graphs++] = g;
             f->capturing = 0;
             rc = vmm_pool_end(a, 1, 0);
             if (rc)
                 die("vmm_pool_end of the capture's route: %d", rc);
             f->routed[1] = 0;
+            if (g && f->captured_writes) {
+                f->graphs[f->n_graphs++] = g; /* keeps the capture's user of pool 1 */
+            } else {
+                vmm_sim_graph_destroy(g);
+                rc = vmm_pool_release(a, 1, 0); /* the capture's user, as a graph destroyed */
+                allowed(rc, "vmm_pool_release", VMM_OK, VMM_EDRIVER, 1);
+                f->users[1]--;
+            }
         }
         break;
     }
-    case 17: { /* captured work writing a live block (recorded, not run) */
+    case 17: { /* captured work writing a block of the capture's pool (recorded, not run) */
         if (!f->capturing || !f->n_live)
             break;
         live *b = &f->blk[u8(f) % f->n_live];
-        if (block_asleep(b))
+        if (pool_of(b) != 1 || b->size < 4)
             break;
-        (void)vmm_sim_memset32(a, b->p, 0xdeadbeefu, b->size / 4 < 16 ? b->size / 4 : 16, f->s[1]);
+        rc = vmm_sim_memset32(a, b->p, 0xdeadbeefu, b->size / 4 < 16 ? b->size / 4 : 16, f->s[1]);
+        if (rc && !f->faults)
+            die("vmm_sim_memset32 in a capture: %d", rc);
+        f->captured_writes += rc == VMM_OK;
+        b->known = 0; /* replays write it */
+        break;
+    }
+    case 30: { /* replay a graph (its pool has users: its memory is still its own), or destroy it */
+        if (!f->n_graphs)
+            break;
+        int i = (int)(u8(f) % f->n_graphs);
+        if (u8(f) % 4) {
+            rc = vmm_sim_graph_launch(a, f->graphs[i], f->s[2]);
+            f->replayed = 1;
+            if (rc && !f->faults)
+                die("replay of a graph whose pool has users: %d", rc);
+            /* it writes pool 1's memory: blocks there now (pools may be shared) lose their pattern */
+            for (int k = 0; k < f->n_live; k++)
+                if (pool_of(&f->blk[k]) == 1)
+                    f->blk[k].known = 0;
+        } else {
+            vmm_sim_graph_destroy(f->graphs[i]);
+            f->graphs[i] = f->graphs[--f->n_graphs];
+            if (f->capturing)
+                f->unsafe = 1; /* the last user's release synchronizes (after the route ends) */
+            rc = vmm_pool_release(a, 1, 0);
+            allowed(rc, "vmm_pool_release", VMM_OK, VMM_EDRIVER, 1);
+            f->users[1]--;
+        }
         break;
     }
     case 18: { /* pinned malloc */
@@ -604,6 +658,9 @@ static void step(fz *f)
             if (vmm_sim_fail_random(a, kind, p, k))
                 die("vmm_sim_fail_random");
             f->faults = 1;
+            f->fault_kind = kind;
+            f->fault_p = p;
+            f->fault_seed = k;
         }
         break;
     }
@@ -643,7 +700,7 @@ static void step(fz *f)
         if (!f->n_live)
             break;
         live *b = &f->blk[u8(f) % f->n_live];
-        if (!block_asleep(b)) {
+        if (!block_asleep(b) && !(f->replayed && pool_of(b) == 1)) {
             b->seed = f->seed++ * 2654435761u;
             fill(b);
         }
@@ -693,33 +750,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             die("vmm_check after step %d: %d", k, rc);
         check_mappings();
     }
-    /* teardown: no faults, end the capture, wake, free everything, destroy */
-    faults_off(F.a);
-    F.faults = 0;
+    /* teardown: end the capture, free everything, destroy; faults stay on through the frees and
+     * vmm_destroy when the configuration byte says so (destroy must still give everything back) */
+    int faulty_end = (cfg >> 4 & 1) && F.faults;
+    if (!faulty_end) {
+        faults_off(F.a);
+        F.faults = 0;
+    }
     if (F.capturing) {
         vmm_sim_graph *g = NULL;
-        if (vmm_sim_capture_end(F.a, F.s[1], &g) && !F.unsafe)
+        if (vmm_sim_capture_end(F.a, F.s[1], &g) && !F.unsafe && !F.faults)
             die("capture invalidated by the allocator (at the end): %s", vmm_last_error());
         vmm_sim_graph_destroy(g);
     }
     for (int id = 1; id < 4; id++)
         if (F.routed[id] && vmm_pool_end(F.a, (uint64_t)id, 0))
             die("vmm_pool_end at the end");
+    for (int i = 0; i < F.n_graphs; i++) { /* graphs go, and their users of pool 1 */
+        vmm_sim_graph_destroy(F.graphs[i]);
+        allowed(vmm_pool_release(F.a, 1, 0), "vmm_pool_release", VMM_OK, 1);
+    }
     while (F.n_live)
         do_free(F.n_live - 1);
     while (F.n_pin)
         if (vmm_pinned_free(F.a, F.pin[--F.n_pin].p))
             die("vmm_pinned_free at the end");
-    if (vmm_check(F.a))
+    if (!F.faults && vmm_check(F.a))
         die("vmm_check at the end");
     check_mappings();
+    faults_off(F.a); /* (a stream destroy may fail under faults: the fuzzer's own teardown) */
     for (int i = 1; i < N_STREAMS; i++)
         if (vmm_sim_stream_destroy(F.a, F.s[i]))
             die("vmm_sim_stream_destroy");
+    if (faulty_end && vmm_sim_fail_random(F.a, F.fault_kind, F.fault_p, F.fault_seed))
+        die("vmm_sim_fail_random");
     vmm_destroy(F.a);
     F.a = NULL;
-    for (int i = 0; i < F.n_graphs; i++)
-        vmm_sim_graph_destroy(F.graphs[i]);
+    F.n_graphs = 0;
     if (F.cb_on && F.n_pages)
         die("%d pages reported mapped and never reported unmapped after vmm_destroy", F.n_pages);
     vmm_sim_counters c;
