@@ -669,8 +669,10 @@ VMM_API int vmm_tag_of(vmm_allocator *a, const void *ptr, char *buf, size_t len)
  * release their physical pages and the tags' free pages, then release every cached handle.
  * mem_get_info of the device rises by what was released.
  * Returns VMM_OK; VMM_EINVAL (unknown tag, bad mode, a block still open in another process, untagged
- * live blocks in classic segments); VMM_ENOTSUP (backup on a driver without host copies);
- * VMM_EHOSTMEM (no host memory for the backup); VMM_EDRIVER (a copy failed): in all of these
+ * live blocks in classic segments; frees pending there on vmm_record_stream events are completed
+ * first, they do not count as live); VMM_ENOTSUP (backup on a driver without host copies);
+ * VMM_EHOSTMEM (no host memory for the backup); VMM_EDRIVER (a copy failed, a wait failed, or a
+ * kept backup buffer too small could not be freed): in all of these
  * nothing changed. VMM_EDRIVER after the tags went to sleep when the driver refused to unmap some
  * page: it stays resident (reported in the message) and is reused by the wake.
  */
