@@ -746,8 +746,14 @@ void vmm_pinned_destroy(vmm_allocator *a)
             block_delete(p, b);
         }
     }
-    for (size_t i = 0; i < p->n_idle; i++)
-        p->drv->ops->event_destroy(p->drv, p->idle_events[i]);
+    for (size_t i = 0; i < p->n_idle; i++) {
+        int r = VMM_DRV_SUCCESS; /* tried again as the blocks above */
+        for (int t = 0; t < 8 && (t == 0 || r != VMM_DRV_SUCCESS); t++)
+            r = p->drv->ops->event_destroy(p->drv, p->idle_events[i]);
+        if (r != VMM_DRV_SUCCESS)
+            fprintf(stderr, "vmmalloc: vmm_destroy: a pinned event could not be destroyed (%s)\n",
+                    vmm_drv_result_name(r));
+    }
     if (p->idle_events)
         vmm_meta_free(p->meta, p->idle_events, p->cap_idle * sizeof *p->idle_events);
     if (p->table)

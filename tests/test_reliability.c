@@ -16,7 +16,8 @@
  *     synchronized the device and invalidated the capture;
  *  7. vmm_pool_release of a pool while its tag sleeps: its mapped segments joined the sleeping
  *     default pools (vmm_check: ECORRUPT);
- * and one of the same shape as 3: vmm_destroy leaked what the driver refused to release once.
+ * and one of the same shape as 3: vmm_destroy leaked what the driver refused to release once
+ * (handles, VA, classic segments, pinned blocks and events; the events found by the fuzzer).
  * Each ends with vmm_check and, after vmm_destroy, no simulated resource alive.
  */
 #include <stdatomic.h>
@@ -323,9 +324,17 @@ static void destroy_after_refusals(int expandable)
     void *p = NULL, *q = NULL, *h = NULL;
     CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &p));
     CHECK_OK(vmm_malloc(a, 5000, NULL, &q));
+    vmm_stream s2 = NULL; /* an event for q's use on s2, pooled once its free completed */
+    CHECK_OK(vmm_sim_stream_create(a, &s2));
+    CHECK_OK(vmm_record_stream(a, q, s2));
     CHECK_OK(vmm_free(a, q)); /* cached */
-    CHECK_OK(vmm_pinned_malloc(a, 4096, NULL, &h));
-    CHECK_OK(vmm_pinned_free(a, h));
+    CHECK_OK(vmm_sim_synchronize(a));
+    CHECK_OK(vmm_empty_cache(a)); /* polls the event back to the pool */
+    CHECK_OK(vmm_sim_stream_destroy(a, s2));
+    if (expandable) { /* pinned blocks and their events (destroyed before the allocator's) */
+        CHECK_OK(vmm_pinned_malloc(a, 4096, NULL, &h));
+        CHECK_OK(vmm_pinned_free(a, h));
+    }
     if (expandable) { /* a kept backup buffer */
         CHECK_OK(vmm_set_tag(a, "t"));
         void *t = NULL;
@@ -337,7 +346,7 @@ static void destroy_after_refusals(int expandable)
     CHECK_OK(vmm_free(a, p));
     CHECK_OK(vmm_check(a));
     const int kinds[] = {VMM_SIM_CALL_MEM_RELEASE, VMM_SIM_CALL_VA_FREE, VMM_SIM_CALL_MEM_FREE,
-                         VMM_SIM_CALL_HOST_FREE};
+                         VMM_SIM_CALL_HOST_FREE, VMM_SIM_CALL_EVENT_DESTROY};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         CHECK_OK(vmm_sim_fail_nth(a, kinds[i], 1));
     vmm_destroy(a); /* reports live blocks: none; leaks show in the final check */
