@@ -324,7 +324,8 @@ VMM_API int vmm_pool_retain(vmm_allocator *a, uint64_t id0, uint64_t id1);
  * valid and return to their stream's default pool when freed, free blocks become cached memory at
  * once. That needs one device synchronization (counted in num_sync_all_streams), to be sure no
  * replay still runs on the memory; while captures are underway (routes in force) it waits for the
- * last vmm_pool_end. Returns VMM_OK, VMM_EINVAL (no such pool, or no user left), VMM_EDRIVER (the
+ * last vmm_pool_end, and while a tag of its memory sleeps (vmm_sleep) it waits for that tag's
+ * vmm_wake. Returns VMM_OK, VMM_EINVAL (no such pool, or no user left), VMM_EDRIVER (the
  * synchronization failed: the pool stays released and is retried at the next vmm_pool_end /
  * vmm_empty_cache).
  */
@@ -370,7 +371,9 @@ VMM_API int vmm_pool_lookup(vmm_allocator *a, const void *ptr, uint64_t *id0, ui
 
 /* Allocate `size` bytes of page-locked host memory whose first use is on `stream`. size 0 sets *ptr
  * to NULL and returns VMM_OK. Returns VMM_OK, VMM_EINVAL (ptr NULL, size too large), VMM_EHOSTMEM
- * (the host cannot pin more, even after the cache was emptied), VMM_ENOTSUP, VMM_EDRIVER. */
+ * (the host cannot pin more, even after the cache was emptied; while a capture is
+ * underway, a route in force or `stream` capturing, the cache is not emptied, since cuMemFreeHost
+ * synchronizes the device), VMM_ENOTSUP, VMM_EDRIVER. */
 VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, void **ptr);
 
 /* Free a block from vmm_pinned_malloc. It becomes reusable once the work queued so far on its
@@ -714,8 +717,10 @@ VMM_API int vmm_tag_of(vmm_allocator *a, const void *ptr, char *buf, size_t len)
  * release their physical pages and the tags' free pages, then release every cached handle.
  * mem_get_info of the device rises by what was released.
  * Returns VMM_OK; VMM_EINVAL (unknown tag, bad mode, a block still open in another process, untagged
- * live blocks in classic segments); VMM_ENOTSUP (backup on a driver without host copies);
- * VMM_EHOSTMEM (no host memory for the backup); VMM_EDRIVER (a copy failed): in all of these
+ * live blocks in classic segments; frees pending there on vmm_record_stream events are completed
+ * first, they do not count as live); VMM_ENOTSUP (backup on a driver without host copies);
+ * VMM_EHOSTMEM (no host memory for the backup); VMM_EDRIVER (a copy failed, a wait failed, or a
+ * kept backup buffer too small could not be freed): in all of these
  * nothing changed. VMM_EDRIVER after the tags went to sleep when the driver refused to unmap some
  * page: it stays resident (reported in the message) and is reused by the wake.
  */
@@ -728,7 +733,10 @@ VMM_API int vmm_sleep(vmm_allocator *a, const char *const *tags, size_t n_tags, 
  * the KV cache later) are separate calls. When the device cannot hold them everything is undone:
  * nothing stays mapped, the tags stay asleep with their backups, and VMM_ENOMEM says how much was
  * missing; a later wake, once memory is free, succeeds.
- * Returns VMM_OK, VMM_EINVAL (unknown tag), VMM_ENOMEM, VMM_EDRIVER (undone likewise), VMM_EHOSTMEM.
+ * Returns VMM_OK, VMM_EINVAL (unknown tag), VMM_ENOMEM, VMM_EDRIVER (undone likewise; except when
+ * the restore copies could not be waited for: then the pages mapped for them stay mapped, since
+ * unmapping memory with copies queued on it would fault, and the next wake reuses them; the tags
+ * stay asleep either way), VMM_EHOSTMEM.
  */
 VMM_API int vmm_wake(vmm_allocator *a, const char *const *tags, size_t n_tags);
 

@@ -118,6 +118,7 @@ VMM_API int vmm_create(const char *conf, vmm_allocator **out)
     a->hooks.tc_holds = vmm_tc_holds;
     a->hooks.finish_detached = vmm_seg_finish_detached;
     a->hooks.free = vmm_free;
+    a->hooks.tag_asleep = vmm_sleep_tag_asleep;
     vmm_witness_register(a, &a->lock, VMM_RANK_ALLOCATOR, "the allocator lock", 0);
     for (size_t i = 0; i < VMM_LIVE_SHARDS; i++)
         vmm_witness_register(a, &a->live[i].lock, VMM_RANK_SHARD, "a live-table shard's lock", 0);

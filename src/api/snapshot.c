@@ -246,7 +246,8 @@ static uint32_t ref_get(refs *R, uint32_t id, uint32_t parts)
         R->words = nw;
         R->cap_words = nc;
     }
-    vmm_history_stack_words(R->a, id, R->words + R->n_words, n);
+    if (n) /* no stack (a fused group's parts alone): R->words may still be NULL */
+        vmm_history_stack_words(R->a, id, R->words + R->n_words, n);
     R->r[R->n] = (stackref){id, parts, R->n_words, n};
     R->n_words += n;
     size_t j = ref_hash(id, parts, R->n_slots);
@@ -572,7 +573,7 @@ static int snapshot_prelude(pk *p, const refs *R)
             emit_frame_dict(p, "vmmalloc", 0, name);
             pk_op(p, OP_APPEND);
         }
-        long nf = vmm_symbolize(sc, R->words + r->off, r->n, fr, FRAMES_MAX);
+        long nf = r->n ? vmm_symbolize(sc, R->words + r->off, r->n, fr, FRAMES_MAX) : 0;
         if (nf < 0) {
             rc = VMM_EHOSTMEM;
             break;

@@ -25,6 +25,7 @@
 #include "base/errors.h"
 #include "base/metadata.h"
 #include "core/callbacks.h"
+#include "core/capture.h"
 #include "core/lock.h"
 #include "core/pool.h"
 #include "core/segment.h"
@@ -314,6 +315,14 @@ int vmm_cb_is_detaching(const vmm_allocator *a, const vmm_block *b)
 static void finish_ready(vmm_allocator *a)
 {
     vmm_cb *cb = a->cb;
+    size_t ready = 0;
+    for (size_t i = 0; i < cb->n_det; i++)
+        ready += cb->det[i].ready != 0;
+    if (!ready)
+        return;
+    /* The caller's capture mode was given back before delivery: unmapping in it would invalidate
+     * a global-mode capture (capture.c). */
+    int mode = vmm_capture_relax(a);
     for (size_t i = 0; i < cb->n_det;) {
         if (!cb->det[i].ready) {
             i++;
@@ -328,6 +337,7 @@ static void finish_ready(vmm_allocator *a)
         }
         cb->det[i] = cb->det[--cb->n_det];
     }
+    vmm_capture_restore(a, mode);
 }
 
 int vmm_cb_pending(const vmm_allocator *a)

@@ -3,6 +3,8 @@
  * through vmm_record_stream), and per-stream fences that prove freed memory idle before its pages
  * are unmapped. Only the explicit wait functions block, and each wait is counted.
  */
+#include <stdio.h>
+
 #include "base/base.h"
 #include "base/errors.h"
 #include "base/metadata.h"
@@ -468,7 +470,14 @@ void vmm_events_shutdown(vmm_allocator *a)
         vmm_meta_free(a->meta, r, sizeof *r);
     }
     while (a->n_ev_pool) {
-        a->drv->ops->event_destroy(a->drv, a->ev_pool[--a->n_ev_pool]);
+        /* the last chance: a transient refusal must not leak the event (vmm_destroy) */
+        vmm_event e = a->ev_pool[--a->n_ev_pool];
+        int r = VMM_DRV_SUCCESS;
+        for (int t = 0; t < 8 && (t == 0 || r != VMM_DRV_SUCCESS); t++)
+            r = a->drv->ops->event_destroy(a->drv, e);
+        if (r != VMM_DRV_SUCCESS)
+            fprintf(stderr, "vmmalloc: vmm_destroy: an event could not be destroyed (%s)\n",
+                    vmm_drv_result_name(r));
         a->n_events--;
     }
     if (a->ev_pool)

@@ -1350,14 +1350,30 @@ size_t vmm_seg_classic_release(vmm_allocator *a, size_t min_size, size_t need, i
 
 /* ---- teardown ----------------------------------------------------------------------------- */
 
-void vmm_seg_destroy_all(vmm_allocator *a)
+/* vmm_destroy's last chance to give something back: tried as often as an unmap (a transient
+ * refusal must not leak it), then reported. what: 0 handle, 1 VA range, 2 classic segment. */
+static void give_back(vmm_allocator *a, int what, vmm_phys h, uintptr_t va, size_t size)
 {
     const vmm_driver_ops *ops = a->drv->ops;
+    int r = VMM_DRV_SUCCESS;
+    for (int t = 0; t < UNMAP_TRIES; t++) {
+        r = what == 0 ? ops->mem_release(a->drv, h) : what == 1 ? ops->va_free(a->drv, va, size)
+                                                                 : ops->mem_free(a->drv, va);
+        if (r == VMM_DRV_SUCCESS)
+            return;
+    }
+    fprintf(stderr, "vmmalloc: vmm_destroy: %s could not be returned to the driver (%s)\n",
+            what == 0 ? "a physical handle" : what == 1 ? "a VA reservation" : "a classic segment",
+            vmm_drv_result_name(r));
+}
+
+void vmm_seg_destroy_all(vmm_allocator *a)
+{
     if (quar_retry(a, UNMAP_TRIES, 1)) {
         fprintf(stderr, "vmmalloc: vmm_destroy: %zu quarantined page(s) could not be unmapped; "
                         "releasing their handles anyway\n", a->n_quar);
         while (a->n_quar) {
-            ops->mem_release(a->drv, a->quar[--a->n_quar].h);
+            give_back(a, 0, a->quar[--a->n_quar].h, 0, 0);
             a->n_handles--;
         }
     }
@@ -1381,20 +1397,20 @@ void vmm_seg_destroy_all(vmm_allocator *a)
                 }
                 size_t e = handle_end(s, p);
                 unmap_page(a, NULL, s->base + p * s->page_size, (e - p) * s->page_size, UNMAP_TRIES);
-                ops->mem_release(a->drv, s->pages[p]);
+                give_back(a, 0, s->pages[p], 0, 0);
                 a->n_handles--;
                 p = e;
             }
-            ops->va_free(a->drv, s->base, s->size);
+            give_back(a, 1, 0, s->base, s->size);
         } else {
-            ops->mem_free(a->drv, s->base);
+            give_back(a, 2, 0, s->base, 0);
         }
         seg_unlink(a, s);
         seg_delete(a, s);
     }
     a->unmapped_tree[0] = a->unmapped_tree[1] = NULL;
     while (a->n_fh) {
-        ops->mem_release(a->drv, a->fh[--a->n_fh].h);
+        give_back(a, 0, a->fh[--a->n_fh].h, 0, 0);
         a->n_handles--;
     }
     if (a->fh)

@@ -272,6 +272,9 @@ typedef struct vmm_hooks {
      * (its free), every record (vmm_destroy) */
     void (*group_drop)(vmm_allocator *a, vmm_block *b);
     void (*group_destroy_all)(vmm_allocator *a);
+    /* sleep.c's vmm_sleep_tag_asleep: mempool.c keeps a released pool whose tag sleeps until the
+     * wake (sleep.c's wake settles the pools, so mempool cannot call sleep back directly) */
+    int (*tag_asleep)(const vmm_allocator *a, int tag);
 } vmm_hooks;
 
 struct vmm_allocator {

@@ -120,10 +120,26 @@ static int dissolve(vmm_allocator *a, vmm_mempool *mp)
     return VMM_OK;
 }
 
+/* A segment of mp belongs to a tag that sleeps: dissolved now, the segment (mapped: pools do not
+ * sleep) would join the default pools of a sleeping tag, whose segments are all asleep. It waits
+ * for the wake (vmm_wake settles). */
+static int tag_sleeps(const vmm_allocator *a, const vmm_mempool *mp)
+{
+    for (const vmm_segment *s = a->sleep ? a->segs : NULL; s; s = s->next)
+        if (s->mp == mp && a->hooks.tag_asleep(a, s->srec->tag))
+            return 1;
+    return 0;
+}
+
+static int dissolvable(const vmm_allocator *a, const vmm_mempool *mp)
+{
+    return mp->freeable && !mp->routed && !tag_sleeps(a, mp);
+}
+
 static int any_freeable(const vmm_allocator *a)
 {
     for (const vmm_mempool *mp = a->mempools; mp; mp = mp->next)
-        if (mp->freeable && !mp->routed)
+        if (dissolvable(a, mp))
             return 1;
     return 0;
 }
@@ -148,7 +164,7 @@ static int settle(vmm_allocator *a)
     int rc = VMM_OK;
     for (vmm_mempool *mp = a->mempools, *next; mp; mp = next) {
         next = mp->next;
-        if (mp->freeable && !mp->routed && rc == VMM_OK)
+        if (dissolvable(a, mp) && rc == VMM_OK)
             rc = dissolve(a, mp);
     }
     return rc;

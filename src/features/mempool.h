@@ -8,8 +8,9 @@
 
 /* The private pool an allocation on stream s goes to while routes are in force (NULL: default). */
 vmm_mempool *vmm_mempool_route(vmm_allocator *a, vmm_stream s);
-/* Released pools waiting for a moment without captures: dissolve them now if possible
- * (synchronizes the device once). Called when the last route ends and by vmm_empty_cache. */
+/* Released pools waiting for a moment without captures (and for their tags to be awake):
+ * dissolve them now if possible (synchronizes the device once). Called when the last route ends,
+ * by vmm_empty_cache and by vmm_wake. */
 void vmm_mempool_settle(vmm_allocator *a);
 /* Totals over private pools for the stats JSON and the OOM report (caller holds the lock). */
 void vmm_mempool_totals(const vmm_allocator *a, int64_t *pools, int64_t *reserved, int64_t *allocated,

@@ -391,8 +391,9 @@ static int block_reserve_use(vmm_pinned *p, pin_block *b)
     return VMM_OK;
 }
 
-/* A new block of class `shift` from the driver (retrying once after releasing the cache). */
-static int block_new(vmm_pinned *p, int shift, pin_block **out)
+/* A new block of class `shift` from the driver (retrying once after releasing the cache, unless
+ * no_sync: a capture is underway, and host_free would synchronize the device, invalidating it). */
+static int block_new(vmm_pinned *p, int shift, int no_sync, pin_block **out)
 {
     size_t size = (size_t)1 << shift;
     pin_block *b = vmm_meta_alloc(p->meta, sizeof *b);
@@ -403,8 +404,10 @@ static int block_new(vmm_pinned *p, int shift, pin_block **out)
     }
     void *ptr = NULL;
     int r = p->drv->ops->host_alloc(p->drv, size, &ptr);
-    if (r == VMM_DRV_OUT_OF_MEMORY && p->st.cached_blocks) {
+    int emptied = 0;
+    if (r == VMM_DRV_OUT_OF_MEMORY && p->st.cached_blocks && !no_sync) {
         release_cached(p);
+        emptied = 1;
         r = p->drv->ops->host_alloc(p->drv, size, &ptr);
     }
     if (r) {
@@ -412,9 +415,14 @@ static int block_new(vmm_pinned *p, int shift, pin_block **out)
         if (r == VMM_DRV_OUT_OF_MEMORY)
             return vmm_fail(VMM_EHOSTMEM,
                             "pinned memory: cannot pin %zu more bytes of host memory (%lld bytes "
-                            "pinned in %lld blocks, %lld of them in use; the cache was emptied)",
+                            "pinned in %lld blocks, %lld of them in use; %s)",
                             size, (long long)p->st.reserved_bytes.current,
-                            (long long)p->st.segments.current, (long long)p->st.allocations.current);
+                            (long long)p->st.segments.current, (long long)p->st.allocations.current,
+                            emptied           ? "the cache was emptied"
+                            : p->st.cached_blocks ? "the cache was not emptied: a CUDA graph capture is "
+                                                    "underway, and freeing host memory synchronizes "
+                                                    "the device: capture prevented the sync"
+                                              : "nothing was cached");
         return vmm_fail_drv(r, "pinned memory: host_alloc");
     }
     b->ptr = ptr;
@@ -456,11 +464,24 @@ VMM_API int vmm_pinned_malloc(vmm_allocator *a, size_t size, vmm_stream stream, 
     pthread_mutex_lock(&p->mu);
     pending_poll(p);
     pin_block *b = p->free_list[shift];
-    if (b) {
+    int reused = b != NULL;
+    if (!b) {
+        /* A miss (host_alloc ahead, far dearer than a lock): whether captures are underway as the
+         * device pools see them (capture.c), since then the cache must not be emptied. The
+         * allocator's lock is taken without p->mu (vmm_destroy takes them in that order). */
+        pthread_mutex_unlock(&p->mu);
+        vmm_lock(a);
+        int no_sync = vmm_capture_no_sync(a, stream);
+        vmm_unlock(a);
+        pthread_mutex_lock(&p->mu);
+        b = p->free_list[shift];
+        reused = b != NULL;
+        if (!b)
+            rc = block_new(p, shift, no_sync, &b);
+    }
+    if (reused) {
         free_unlink(p, b);
         p->st.num_reuses++;
-    } else {
-        rc = block_new(p, shift, &b);
     }
     if (rc == VMM_OK) {
         b->state = PIN_LIVE;
@@ -722,12 +743,24 @@ void vmm_pinned_destroy(vmm_allocator *a)
     for (size_t i = 0; i < p->table_cap; i++) {
         for (pin_block *b = p->table[i], *next; b; b = next) {
             next = b->hnext;
-            p->drv->ops->host_free(p->drv, b->ptr);
+            /* the last chance: a transient refusal must not leak the block */
+            int r = VMM_DRV_SUCCESS;
+            for (int t = 0; t < 8 && (t == 0 || r != VMM_DRV_SUCCESS); t++)
+                r = p->drv->ops->host_free(p->drv, b->ptr);
+            if (r != VMM_DRV_SUCCESS)
+                fprintf(stderr, "vmmalloc: vmm_destroy: a pinned block of %zu bytes could not be freed "
+                                "(%s)\n", b->size, vmm_drv_result_name(r));
             block_delete(p, b);
         }
     }
-    for (size_t i = 0; i < p->n_idle; i++)
-        p->drv->ops->event_destroy(p->drv, p->idle_events[i]);
+    for (size_t i = 0; i < p->n_idle; i++) {
+        int r = VMM_DRV_SUCCESS; /* tried again as the blocks above */
+        for (int t = 0; t < 8 && (t == 0 || r != VMM_DRV_SUCCESS); t++)
+            r = p->drv->ops->event_destroy(p->drv, p->idle_events[i]);
+        if (r != VMM_DRV_SUCCESS)
+            fprintf(stderr, "vmmalloc: vmm_destroy: a pinned event could not be destroyed (%s)\n",
+                    vmm_drv_result_name(r));
+    }
     if (p->idle_events)
         vmm_meta_free(p->meta, p->idle_events, p->cap_idle * sizeof *p->idle_events);
     if (p->table)

@@ -44,6 +44,7 @@
 #include "core/types.h"
 #include "driver/driver.h"
 #include "features/ipc.h"
+#include "features/mempool.h"
 #include "features/sleep.h"
 
 typedef struct backup_entry {
@@ -276,6 +277,16 @@ static int block_live(const vmm_block *b)
     return b->state == VMM_BLOCK_ALLOCATED || b->state == VMM_BLOCK_PENDING;
 }
 
+/* A block of an untagged classic segment waits for its free to complete. */
+static int classic_pending(const vmm_allocator *a)
+{
+    for (const vmm_segment *s = a->segs; s; s = s->next)
+        for (const vmm_block *b = s->expandable ? NULL : s->first; b; b = b->next)
+            if (b->state == VMM_BLOCK_PENDING)
+                return 1;
+    return 0;
+}
+
 static backup_entry *entry_find(sleep_tag *T, uintptr_t addr)
 {
     size_t lo = 0, hi = T->n_ent;
@@ -295,19 +306,29 @@ static int entry_cmp(const void *x, const void *y)
     return p->addr < q->addr ? -1 : p->addr > q->addr;
 }
 
-/* Drop tag T's backup (host buffer kept when keep). */
+/* Give T's host buffer back. When the driver refuses, the buffer stays T's (counted in
+ * backup_bytes, as a kept buffer): the next drop, sleep or vmm_destroy tries again, so it is never
+ * forgotten alive. Returns the driver's result. */
+static int host_release(vmm_allocator *a, sleep_tag *T)
+{
+    int r = a->drv->ops->host_free(a->drv, T->host);
+    if (r != VMM_DRV_SUCCESS)
+        return r;
+    a->stats.backup_bytes -= (int64_t)T->host_size;
+    T->host = NULL;
+    T->host_size = 0;
+    return r;
+}
+
+/* Drop tag T's backup (host buffer kept when keep, or when it cannot be freed now). */
 static void backup_drop(vmm_allocator *a, sleep_tag *T, int keep)
 {
     if (T->ent)
         vmm_meta_free(a->meta, T->ent, T->n_ent * sizeof *T->ent);
     T->ent = NULL;
     T->n_ent = 0;
-    if (T->host && !keep) {
-        a->drv->ops->host_free(a->drv, T->host);
-        a->stats.backup_bytes -= (int64_t)T->host_size;
-        T->host = NULL;
-        T->host_size = 0;
-    }
+    if (T->host && !keep)
+        (void)host_release(a, T);
 }
 
 /* Wait on one event recorded on stream s now; falls back to synchronizing s. Counted. */
@@ -418,10 +439,13 @@ static int backup_tag(vmm_allocator *a, int t, uint64_t bit)
     int fresh = 0;
     if (!T->host || T->host_size < total) {
         if (T->host) { /* a kept buffer too small: a new one */
-            ops->host_free(a->drv, T->host);
-            a->stats.backup_bytes -= (int64_t)T->host_size;
-            T->host = NULL;
-            T->host_size = 0;
+            int r = host_release(a, T);
+            if (r) { /* still T's kept buffer: nothing changed */
+                vmm_meta_free(a->meta, ent, n * sizeof *ent);
+                return vmm_fail(vmm_status_from_drv(r), "vmm_sleep: freeing the kept backup buffer "
+                                "of tag \"%s\" (too small now): %s", tag_name(a, t),
+                                vmm_drv_result_name(r));
+            }
         }
         int r = ops->host_alloc(a->drv, total, &T->host);
         if (r) {
@@ -447,12 +471,8 @@ static int backup_tag(vmm_allocator *a, int t, uint64_t bit)
         rc = wrc;
     if (rc) {
         vmm_meta_free(a->meta, ent, n * sizeof *ent);
-        if (fresh) {
-            ops->host_free(a->drv, T->host);
-            a->stats.backup_bytes -= (int64_t)T->host_size;
-            T->host = NULL;
-            T->host_size = 0;
-        }
+        if (fresh)
+            (void)host_release(a, T); /* refused: kept for the next sleep or vmm_destroy */
         return rc;
     }
     T->ent = ent;
@@ -609,10 +629,21 @@ VMM_API int vmm_sleep(vmm_allocator *a, const char *const *tags, size_t n_tags, 
                                    "VMM_SLEEP_DISCARD", ops->name);
         goto out;
     }
+    /* Frees pending on other streams' events in classic segments: step 1 would wait for them
+     * anyway, so they count as freed, whether or not some other call polled their events first. */
+    if (mask & 1 && classic_pending(a)) {
+        vmm_events_process(a);
+        if (classic_pending(a))
+            vmm_events_wait_all(a);
+    }
     for (vmm_segment *s = a->segs; s; s = s->next) {
         if (!s->expandable && (mask & 1)) {
             for (vmm_block *b = s->first; b; b = b->next)
-                if (block_live(b)) {
+                if (b->state == VMM_BLOCK_PENDING) {
+                    rc = vmm_fail(VMM_EDRIVER, "vmm_sleep: the pending free at 0x%llx (classic segment) "
+                                               "could not be completed", (unsigned long long)b->addr);
+                    goto out;
+                } else if (block_live(b)) {
                     rc = vmm_fail(VMM_EINVAL, "vmm_sleep: untagged block at 0x%llx lives in a classic "
                                               "(cuMemAlloc) segment, which cannot release its memory and "
                                               "keep its address: tag it (vmm_set_tag) or use "
@@ -885,8 +916,16 @@ VMM_API int vmm_wake(vmm_allocator *a, const char *const *tags, size_t n_tags)
     if (rc) {
         char why[512];
         snprintf(why, sizeof why, "%s", vmm_last_error());
-        unmap_runs(a, runs, n_runs);
         a->stats.num_wake_failures++;
+        if (wrc) {
+            /* The restores may still be queued: unmapping now would let them write into unmapped
+             * memory. The pages stay mapped (resident, as pages sleep could not unmap), the tags
+             * asleep with their backups; the next wake uses these pages and restores again. */
+            rc = vmm_fail(rc, "vmm_wake: %s; the restore copies could not be confirmed, so the %zu "
+                              "page run(s) mapped for them stay mapped; the tags stay asleep", why, n_runs);
+            goto out;
+        }
+        unmap_runs(a, runs, n_runs);
         rc = vmm_fail(rc, "vmm_wake: %s; nothing stays mapped, the tags stay asleep", why);
         goto out;
     }
@@ -912,6 +951,8 @@ VMM_API int vmm_wake(vmm_allocator *a, const char *const *tags, size_t n_tags)
     }
     update_tag_path(a);
     (void)bytes;
+    /* private pools released while their tags slept can join the default pools now */
+    vmm_mempool_settle(a);
 out:
     if (segs)
         vmm_meta_free(a->meta, segs, n_segs * sizeof *segs);
@@ -960,6 +1001,11 @@ void vmm_sleep_free(vmm_allocator *a, vmm_block *b, size_t slot)
     b = merge_unindexed(a, b);
     if (seg->asleep == 2)
         (void)normalize(a, b);
+}
+
+int vmm_sleep_tag_asleep(const vmm_allocator *a, int t)
+{
+    return a->sleep && t < a->sleep->n_tags && a->sleep->tags[t].asleep;
 }
 
 /* ---- check and teardown ---------------------------------------------------------------------- */
@@ -1026,8 +1072,14 @@ void vmm_sleep_destroy(vmm_allocator *a)
     vmm_sleep_state *S = a->sleep;
     if (!S)
         return;
-    for (int t = 0; t < S->n_tags; t++)
+    for (int t = 0; t < S->n_tags; t++) {
         backup_drop(a, &S->tags[t], 0);
+        /* the last chance: once more, then it is reported (the driver keeps it) */
+        if (S->tags[t].host && host_release(a, &S->tags[t]))
+            fprintf(stderr, "vmmalloc: vmm_destroy: the backup buffer of tag \"%s\" (%zu bytes of "
+                            "pinned host memory) could not be freed\n", S->tags[t].name,
+                    S->tags[t].host_size);
+    }
     pthread_mutex_destroy(&S->op_mu);
     vmm_meta_free(a->meta, S, sizeof *S);
     a->sleep = NULL;

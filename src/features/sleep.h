@@ -17,5 +17,7 @@ void vmm_sleep_free(vmm_allocator *a, vmm_block *b, size_t slot);
 int vmm_sleep_check(vmm_allocator *a);
 /* vmm_destroy: backups freed (host memory), tag table freed. */
 void vmm_sleep_destroy(vmm_allocator *a);
+/* 1 when tag t is asleep or going to sleep (caller holds the lock). */
+int vmm_sleep_tag_asleep(const vmm_allocator *a, int t);
 
 #endif /* VMM_SLEEP_H */
