@@ -30,8 +30,8 @@ using cudaStream_t = CUstream_st *;
 
 extern "C" int vmm_torch_alloc_init(void *malloc_fn, void *free_fn, void *status, void *last_error);
 extern "C" int vmm_torch_alloc_raises_c10(void);
-extern "C" void *vmm_torch_alloc_malloc(ssize_t size, int device, cudaStream_t stream);
-extern "C" void vmm_torch_alloc_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
+extern "C" void *vmm_torch_alloc_malloc(size_t size, int device, cudaStream_t stream);
+extern "C" void vmm_torch_alloc_free(void *ptr, size_t size, int device, cudaStream_t stream);
 
 static int failures = 0;
 #define CHECK(c)                                                                                   \

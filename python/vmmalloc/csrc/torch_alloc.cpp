@@ -85,8 +85,10 @@ __attribute__((visibility("default"))) int vmm_torch_alloc_init(void *malloc_fn,
 // 1 when a failure raises c10::OutOfMemoryError / c10::Error, 0 when std::runtime_error.
 __attribute__((visibility("default"))) int vmm_torch_alloc_raises_c10(void) { return VMM_RAISES_C10; }
 
-// CUDAPluggableAllocator's alloc function: void *(ssize_t size, int device, cudaStream_t stream).
-__attribute__((visibility("default"))) void *vmm_torch_alloc_malloc(ssize_t size, int device, cudaStream_t stream)
+// CUDAPluggableAllocator's alloc function, in the type PyTorch calls it through
+// (void *(size_t, int, cudaStream_t)): a definition with ssize_t is a call through a pointer of
+// another function type, which clang's -fsanitize=function reports.
+__attribute__((visibility("default"))) void *vmm_torch_alloc_malloc(size_t size, int device, cudaStream_t stream)
 {
     if (!g.malloc_fn)
         throw std::runtime_error("vmmalloc: vmm_torch_alloc_init was not called");
@@ -99,7 +101,7 @@ __attribute__((visibility("default"))) void *vmm_torch_alloc_malloc(ssize_t size
 }
 
 // CUDAPluggableAllocator's free function: void(void *ptr, size_t size, int device, cudaStream_t stream).
-__attribute__((visibility("default"))) void vmm_torch_alloc_free(void *ptr, ssize_t size, int device,
+__attribute__((visibility("default"))) void vmm_torch_alloc_free(void *ptr, size_t size, int device,
                                                                   cudaStream_t stream)
 {
     if (g.free_fn)
