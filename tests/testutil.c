@@ -197,3 +197,31 @@ void *vmm_test_cu_proc(const char *symbol)
         return NULL;
     return fn;
 }
+
+int vmm_test_run_torch_script(const char *rel)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    (void)rel;
+    fprintf(stderr, "sanitizer build: the PyTorch run needs an uninstrumented library: skipped\n");
+    return 77;
+#else
+    const char *lib = getenv("VMM_SHARED_LIB");
+    if (!lib) {
+        fprintf(stderr, "VMM_SHARED_LIB is not set (run through ctest)\n");
+        return 1;
+    }
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "env VMMALLOC_LIB='%s' python3 '%s'", lib, vmm_test_source_path(rel));
+    int st = system(cmd);
+    if (st == -1 || !WIFEXITED(st)) {
+        fprintf(stderr, "could not run python3\n");
+        return 1;
+    }
+    int rc = WEXITSTATUS(st);
+    if (rc == 127) {
+        fprintf(stderr, "python3 not found: skipped\n");
+        return 77;
+    }
+    return rc;
+#endif
+}

@@ -83,6 +83,10 @@ void vmm_test_gate_wait(void *gate);
 /* $VMM_PYTHON, else the system's python3 (a version manager's shim on PATH can take seconds to
  * start), else python3 from PATH; NULL when there is none. */
 const char *vmm_test_python(void);
+/* Runs the PyTorch script at source path rel with python3 and VMMALLOC_LIB set to this build's
+ * library (VMM_SHARED_LIB): its exit status (0 pass, 77 skip, else fail); 77 in sanitizer builds (an
+ * instrumented library cannot be loaded into PyTorch's process) and without python3. */
+int vmm_test_run_torch_script(const char *rel);
 /* Run the Python script `script` (a path relative to the source tree) with extra arguments `args`
  * ("" for none) on the vmmalloc package over the shared library ($VMM_SHARED_LIB, set by ctest) and
  * the simulated driver (sim_capacity 1G). Returns the test's exit status: 0 when the script passed,
