@@ -785,7 +785,7 @@ VMM_API int vmm_set_mapping_callbacks(vmm_allocator *a, vmm_mapping_fn after_map
  * lock, fn called without it), in address order. Returns VMM_OK, VMM_EINVAL, VMM_EHOSTMEM. */
 VMM_API int vmm_get_mappings(vmm_allocator *a, vmm_mapping_fn fn, void *ctx);
 
-/* ---- Sharing blocks across processes (src/ipc.c) ------------------------------------------------
+/* ---- Sharing blocks across processes (src/api/ipc_api.c) ----------------------------------------
  *
  * A live block of an expandable segment can be opened by another process at a new address, with
  * the same memory (no copy): the exporter makes a handle (its pages' shareable POSIX file

@@ -43,19 +43,14 @@ static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 static int open_driver(vmm_allocator *a)
 {
-    int r;
-    if (a->cfg.driver == VMM_DRIVER_SIM) {
-        r = vmm_driver_sim_open(&a->cfg.sim, &a->drv);
-        if (r)
-            return vmm_fail_drv(r, "vmm_create: opening the simulated device");
-    } else {
-        char msg[256] = "";
-        r = vmm_driver_cuda_open(a->cfg.device, &a->drv, msg, sizeof msg);
-        if (r)
-            return vmm_fail(vmm_status_from_drv(r), "vmm_create: cuda driver, device %d: %s (%s)",
-                            a->cfg.device, msg, vmm_drv_result_name(r));
-    }
-    return VMM_OK;
+    char msg[256] = "";
+    int r = vmm_driver_open(a->cfg.driver, a->cfg.device, &a->cfg.sim, &a->drv, msg, sizeof msg);
+    if (!r)
+        return VMM_OK;
+    if (a->cfg.driver == VMM_DRIVER_SIM)
+        return vmm_fail_drv(r, "vmm_create: opening the simulated device");
+    return vmm_fail(vmm_status_from_drv(r), "vmm_create: cuda driver, device %d: %s (%s)",
+                    a->cfg.device, msg, vmm_drv_result_name(r));
 }
 
 /* Most reserved bytes a memory fraction allows: that share of the device, in whole granules. */

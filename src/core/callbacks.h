@@ -6,7 +6,7 @@
 
 #include "core/types.h"
 
-/* vmm_add_free_memory_callback with the lock held (ipc.c registers its collector so). */
+/* vmm_add_free_memory_callback with the lock held (api/ipc_api.c registers its collector so). */
 int vmm_cb_add_free_locked(vmm_allocator *a, vmm_free_memory_fn fn, void *ctx);
 /* Run the free-memory callbacks with the lock released (caller holds it; it is held again on
  * return). Returns 1 when one reported freeing memory. */

@@ -10,7 +10,7 @@
 #include "driver/driver.h"
 #include "vmmalloc.h"
 
-enum { VMM_DRIVER_SIM = 0, VMM_DRIVER_CUDA = 1 };
+/* VMM_DRIVER_SIM, VMM_DRIVER_CUDA (the driver key's values): driver/driver.h. */
 /* roundup_power2_divisions intervals, as PyTorch: interval 0 holds sizes below 2 MiB, interval k
  * (k >= 1) sizes in [2^k MiB, 2^(k+1) MiB), the last one everything above. */
 enum { VMM_POW2_INTERVALS = 16 };

@@ -174,8 +174,8 @@ size_t vmm_handles_release(vmm_allocator *a, size_t keep_size, size_t need)
 /* ---- handle plans ------------------------------------------------------------------------- */
 
 /* Most pages one handle may cover in segments of `pool`. Exportable pages stay one per handle:
- * vmm_ipc_get_handle exports, and vmm_ipc_open maps, one handle per page (ipc.c). The small pool
- * keeps its pages single too: its growths are one page. */
+ * vmm_ipc_get_handle exports, and vmm_ipc_open maps, one handle per page (api/ipc_api.c). The
+ * small pool keeps its pages single too: its growths are one page. */
 enum { HANDLE_PAGES_MAX = 512 }; /* bounds the plan's table (1 GiB of 2 MiB pages) */
 static size_t handle_pages_max(const vmm_allocator *a, int pool)
 {

@@ -264,7 +264,7 @@ typedef struct vmm_hooks {
     /* callbacks.c unmaps detached pages once their before_unmap ran (segment.c's
      * vmm_seg_finish_detached) */
     size_t (*finish_detached)(vmm_allocator *a, vmm_block *u, vmm_block **rest);
-    /* ipc.c's collector frees blocks whose last reader let go, as the user would (vmm_free) */
+    /* ipc_api.c's collector frees blocks whose last reader let go, as the user would (vmm_free) */
     int (*free)(vmm_allocator *a, void *ptr);
     /* trace recording: history.c's recorder, set with a->history (VMM_HISTORY) */
     void (*trace)(vmm_allocator *a, int action, uintptr_t addr, size_t size, vmm_stream s);
@@ -318,7 +318,7 @@ struct vmm_allocator {
     struct vmm_pinned *pinned;         /* pinned host memory cache (pinned.c), made on first use */
     struct vmm_history *history;       /* event ring (history.c); NULL while not recording */
     struct vmm_sleep *sleep;           /* tags and sleeping blocks (sleep.c); NULL until a tag is used */
-    struct vmm_ipc *ipc;               /* exports and imports (ipc.c); NULL until first used */
+    struct vmm_ipc *ipc;               /* exports and imports (features/ipc.c); NULL until first used */
     struct vmm_cb *cb;                 /* free-memory and mapping callbacks (callbacks.c) */
     int cb_free_n;                     /* free-memory callbacks registered */
     int cb_mapping;                    /* mapping callbacks set */

@@ -95,6 +95,9 @@
 /* vmm_drv_result, its names and its status codes: base/errors.h (error.c maps them without
  * knowing the driver). */
 
+/* The implementations vmm_driver_open opens (the configuration's driver key). */
+enum { VMM_DRIVER_SIM = 0, VMM_DRIVER_CUDA = 1 };
+
 /* Capture interaction modes of a thread and of a capture (CUstreamCaptureMode's values). */
 enum { VMM_CAPTURE_MODE_GLOBAL = 0, VMM_CAPTURE_MODE_THREAD_LOCAL = 1, VMM_CAPTURE_MODE_RELAXED = 2 };
 
@@ -249,7 +252,16 @@ int vmm_sim_call_kind(const char *name, size_t len);
  * on a bad table, o then partly written: parse into a copy. */
 int vmm_sim_cost_table_parse(vmm_sim_options *o, const char *key, const char *path, const char *text);
 
-/* drv_sim.c */
+/* driver.c: the contract's one entry, what code above the driver opens a device with. kind
+ * VMM_DRIVER_SIM: the simulated device with options sim (NULL: the defaults), as
+ * vmm_driver_sim_open; VMM_DRIVER_CUDA: device `ordinal` through libcuda.so.1, as
+ * vmm_driver_cuda_open (msg gets its reason on failure). Returns a vmm_drv_result, *out the driver
+ * on success; INVALID_VALUE (*out NULL) for another kind. msg (may be NULL) is "" unless a reason
+ * was given. */
+int vmm_driver_open(int kind, int ordinal, const vmm_sim_options *sim, vmm_driver **out, char *msg,
+                    size_t msg_len);
+
+/* drv_sim.c (the tests open it by name; the library through vmm_driver_open) */
 int vmm_driver_sim_open(const vmm_sim_options *o, vmm_driver **out);
 int vmm_sim_driver_counters(vmm_driver *d, vmm_sim_counters *out);
 int vmm_sim_driver_fail_nth(vmm_driver *d, int kind, uint64_t nth);
@@ -279,7 +291,8 @@ int vmm_sim_driver_graph_launch(vmm_driver *d, vmm_sim_graph *g, void *s);
 void vmm_sim_driver_graph_destroy(vmm_sim_graph *g);
 size_t vmm_sim_driver_graph_nodes(const vmm_sim_graph *g);
 
-/* drv_cuda.c: opens libcuda.so.1 and device `ordinal` on its primary context. Returns a
+/* drv_cuda.c (the tests open it by name; the library through vmm_driver_open): opens
+ * libcuda.so.1 and device `ordinal` on its primary context. Returns a
  * vmm_drv_result; on failure msg (if non-NULL) gets a short reason. The results say why:
  *   NOT_INITIALIZED  no CUDA driver is installed: no libcuda.so.1, or the toolkit's stub library;
  *   NO_DEVICE        a driver without any GPU;

@@ -119,6 +119,23 @@ static void test_defaults_and_open(void)
     CHECK_EQ(fr, 80 * GiB);
     CHECK_EQ(tot, 80 * GiB);
     d->ops->close(d);
+
+    /* the contract's entry opens the kind it is given; another kind is refused, with a reason */
+    vmm_sim_default_options(&o);
+    o.capacity = 4 * GiB;
+    char msg[128] = "x";
+    CHECK_EQ(vmm_driver_open(VMM_DRIVER_SIM, 0, &o, &d, msg, sizeof msg), VMM_DRV_SUCCESS);
+    CHECK(d->is_sim);
+    CHECK_EQ(d->ops->device_info(d, &info), VMM_DRV_SUCCESS);
+    CHECK_EQ(info.total_bytes, 4 * GiB);
+    CHECK(msg[0] == '\0');
+    d->ops->close(d);
+    o.granularity = 3 * MiB;
+    CHECK_EQ(vmm_driver_open(VMM_DRIVER_SIM, 0, &o, &d, NULL, 0), VMM_DRV_INVALID_VALUE);
+    d = (vmm_driver *)&o;
+    CHECK_EQ(vmm_driver_open(7, 0, &o, &d, msg, sizeof msg), VMM_DRV_INVALID_VALUE);
+    CHECK(d == NULL);
+    CHECK(strstr(msg, "kind 7") != NULL);
 }
 
 static void test_va_rules(void)

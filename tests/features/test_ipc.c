@@ -1,7 +1,8 @@
 // ctest-labels: unit
 // ctest-timeout: 300
 // ctest-cudadouble
-/* Sharing blocks across processes (src/features/ipc.c): two processes, an exporter (parent) and an importer
+/* Sharing blocks across processes (src/api/ipc_api.c, its records src/features/ipc.c): two
+ * processes, an exporter (parent) and an importer
  * (this program again, spawned with --child: a fresh process, which neither fork's inherited
  * driver state nor a sanitizer's fork handling can disturb), pass handles over a UNIX socket (SCM_RIGHTS).
  * Each side writes, the other reads, through the driver's copies as on a GPU:
