@@ -8,11 +8,12 @@
  * that item may never meet a slot above h; likewise the cell (b - 1, h) by an item ending exactly
  * at b when slot b is higher. With walls both sides the item must also fit between them, so it can
  * be placed now: the search branches on such a cell with the fewest candidates (as dancing links
- * picks the column with the fewest rows; the lowest stretch always has walls both sides), fails a
- * node when any wall cell has none or the items that can fill up to a wall's top lack the bytes,
- * and places each item at its stretch's height. Identical items are tried once per node. A slot
- * boundary no unplaced item crosses splits the problem into parts solved on their own; parts
- * proven impossible are remembered (a hash cache). Restarts follow Luby's sequence of node
+ * picks the column with the fewest rows; the lowest stretch always has walls both sides; ties to
+ * the lowest stretch forwards in time, to the leftmost backwards), fails a node when any wall cell
+ * has none or the items that can fill up to a wall's top lack the bytes, and places each item at
+ * its stretch's height. Identical items are tried once per node. A slot boundary no unplaced
+ * item crosses splits the problem into parts solved on their own; parts proven impossible are
+ * remembered (a hash cache). Restarts follow Luby's sequence of node
  * budgets, in both time directions (two searches, on two threads when the caller has them), each
  * with another tie order: a fixed sequence, so the search is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
  * search: plan_tile_applies says so. */
@@ -53,6 +54,7 @@ typedef struct ts {
     uint64_t nodes, budget, node_limit, restart;
     double deadline;
     int stopped;
+    int lowest_first;             /* branching ties: 1 lowest stretch, 0 leftmost */
 } ts;
 
 static uint64_t mix(uint64_t x)
@@ -256,6 +258,7 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
     /* Branch on the wall cell of a stretch walled both sides (the lowest one is) with the fewest
      * candidates; a wall cell anywhere without one fails the node. */
     size_t best = SIZE_MAX;
+    uint64_t bh = UINT64_MAX;
     uint32_t ba = 0, bb = 0;
     int bside = 0;
     for (uint32_t a = lo; a < hi;) {
@@ -281,8 +284,15 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
             size_t k = cell_cands(s, side, side ? b : a, h, both, side ? a : b, NULL);
             if (k == 0)
                 return 0;
-            if (both && k < best) {
+            /* Ties: forwards in time to the lowest stretch, backwards to the leftmost. Leftmost
+             * only, the search could hop between pieces tiled side by side under an address cut
+             * (no time cut splits them: items above the cut cross), so a dead end in one was
+             * backtracked through the other's choices (guillotine 1000/43: no tiling in 5 s);
+             * lowest first tends to finish one level before the next, and solves it in about
+             * 1.5 s. Neither rule wins everywhere, so the two directions differ in this too. */
+            if (both && (k < best || (k == best && s->lowest_first && h < bh))) {
                 best = k;
+                bh = h;
                 ba = a, bb = b, bside = side;
             }
         }
@@ -385,6 +395,7 @@ static int ts_init(ts *s, const plan_ctx *c, int o)
     memset(s, 0, sizeof *s);
     s->c = c;
     s->cap = c->lower_bound;
+    s->lowest_first = o == 0;
     plan_item *items = malloc(n * sizeof *items);
     s->items = items;
     s->lo_start = calloc(S + 2, sizeof *s->lo_start);
