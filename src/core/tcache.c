@@ -732,7 +732,7 @@ static int named_elsewhere_live(vmm_tc_state *T, unsigned owner, unsigned cls, u
  * stream's frees would have emptied. One stream mostly reuses those holes itself; with several, each
  * stream's segment holds its own, and growth on another stream cannot recycle them (holes of fewer
  * than RECYCLE_MIN_PAGES whole pages, segment.c). One thread on ten streams, per layer temporaries
- * freed and then a few small blocks that stay (bench/gen_offload_trace.py, 6.9 GB) held 1.0446x
+ * freed and then a few small blocks that stay (bench/scripts/gen_offload_trace.py, 6.9 GB) held 1.0446x
  * what it handed out with its cache and 1.0016x without (docs/benchmarks.md, "Handle sizes").
  * Giving back the cache at each change of lane does not help (1.0455x): the blocks that stay come
  * from the cache while it serves their stream. Two lanes stay cached (a thread on its stream and

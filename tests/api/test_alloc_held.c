@@ -207,7 +207,7 @@ static void test_scattered_caches(void)
     CHECK_EQ(with, without);
 }
 
-/* One thread serving several streams in turn (bench/gen_offload_trace.py, small): per layer each
+/* One thread serving several streams in turn (bench/scripts/gen_offload_trace.py, small): per layer each
  * stream allocates temporaries of 4 KiB - 1 MiB, frees them, then allocates two small blocks that
  * stay. With a cache serving every stream the blocks that stay came from it, the temporaries freed
  * last, scattered over the stream's pages, which no other stream's growth could recycle: 1.65x

@@ -16,6 +16,8 @@ import argparse
 import random
 import sys
 
+from synthetic_trace import TraceWriter
+
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -30,19 +32,8 @@ def main(argv):
     a = ap.parse_args(argv)
     rnd = random.Random(a.seed)
     out = open(a.output, "w") if a.output else sys.stdout
-    out.write("action,addr,size,stream,time_us\n")
-    state = {"addr": 1 << 40, "t": 0}
-
-    def alloc(size, s):
-        addr = state["addr"]
-        state["addr"] += (size + 4095) // 4096 * 4096 + 4096  # distinct addresses
-        state["t"] += 1
-        out.write(f"alloc,{addr},{size},{s + 1},{state['t']}\n")
-        return addr, size, s
-
-    def free(b):
-        state["t"] += 1
-        out.write(f"free_completed,{b[0]},{b[1]},{b[2] + 1},{state['t']}\n")
+    trace = TraceWriter(out)
+    alloc, free = trace.alloc, trace.free
 
     resident, left = [], a.resident_mib
     while left > 0:
