@@ -6,8 +6,8 @@ allocator reaches them only through hooks set on it (CUDAPluggableAllocator's
 set_begin_allocate_to_pool, set_end_allocate_to_pool_fn, set_release_pool; recent releases take
 their addresses from Python), whose C++ types (a std::pair pool id, a std::function filter) C
 cannot take. A small C++ shim (csrc/graph_hooks.cpp, standard library only) adapts them to libvmmalloc's
-vmm_torch_begin_allocate_to_pool & co.; this module builds it (torch.utils.cpp_extension when torch
-has it, else the C++ compiler on PATH or $CXX), loads it and sets the hooks, with the record-stream
+vmm_torch_begin_allocate_to_pool & co.; this module builds it (vmmalloc._cxx: the C++ compiler on PATH or $CXX,
+with torch's flags when torch is imported), loads it and sets the hooks, with the record-stream
 hook (Tensor.record_stream reaches vmmalloc) and the reset hook (torch.cuda.empty_cache does).
 
 Without a shim (no compiler, or a PyTorch without the hooks) graph capture would hand graph memory
@@ -25,14 +25,12 @@ torch is imported only inside the functions that need it.
 """
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
 import threading
 
 import vmmalloc as _v
+from vmmalloc import _cxx
 
 __all__ = ["attach", "build_hooks", "refuse_capture", "undo", "mem_pool", "status", "HOOK_SOURCE"]
 
@@ -56,74 +54,23 @@ def status():
     return dict(_state)
 
 
-def _cache_dir():
-    d = os.environ.get("VMMALLOC_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "vmmalloc")
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
-def _compile_plain(out):
-    """The shim with the C++ compiler on PATH ($CXX, c++, g++, clang++). Raises RuntimeError."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if not cxx:
-        raise RuntimeError("no C++ compiler found ($CXX, c++, g++, clang++)")
-    tmp = out + ".%d.tmp" % os.getpid()
-    cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", HOOK_SOURCE, "-o", tmp]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if p.returncode != 0:
-        raise RuntimeError("%s failed:\n%s" % (" ".join(cmd), p.stdout))
-    os.replace(tmp, out)
-    return out
-
-
-def _compile_torch(verbose):
-    """The shim through torch.utils.cpp_extension (torch's compiler flags). Returns a path or None."""
-    try:
-        from torch.utils import cpp_extension  # noqa: PLC0415
-    except ImportError:
-        return None
-    path = cpp_extension.load(name="vmmalloc_graph_hooks", sources=[HOOK_SOURCE], is_python_module=False,
-                              extra_cflags=["-O2", "-std=c++17"], verbose=verbose)
-    if isinstance(path, str) and os.path.isfile(path):
-        return path
-    # older torch returns None: the library lies in the extension's build directory
-    build_dir = cpp_extension._get_build_directory("vmmalloc_graph_hooks", verbose)  # noqa: SLF001
-    path = os.path.join(build_dir, "vmmalloc_graph_hooks.so")
-    return path if os.path.isfile(path) else None
-
-
 def build_hooks(verbose=False, use_torch=True):
-    """Path of the graph hooks shim, built if needed: $VMMALLOC_GRAPH_HOOKS when set, else a cached
-    build (keyed by the source), else torch.utils.cpp_extension (use_torch and torch importable),
-    else the plain C++ compiler. Raises RuntimeError when it cannot be had."""
+    """Path of the graph hooks shim, built if needed: $VMMALLOC_GRAPH_HOOKS when set, else the package's
+    shim builder (vmmalloc._cxx: cached in ~/.cache/vmmalloc, keyed by the source; with torch's compile
+    flags first when use_torch and torch is imported, else the plain C++ compiler). Raises RuntimeError
+    when it cannot be had."""
     env = os.environ.get("VMMALLOC_GRAPH_HOOKS")
     if env:
         if not os.path.isfile(env):
             raise RuntimeError("VMMALLOC_GRAPH_HOOKS=%s: no such file" % env)
         return env
-    with open(HOOK_SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read()).hexdigest()[:16]
-    cached = os.path.join(_cache_dir(), "vmmalloc_graph_hooks-%s.so" % key)
-    if os.path.isfile(cached):
-        return cached
-    errors = []
-    if use_torch and ("torch" in sys.modules or _torch_importable()):
-        try:
-            path = _compile_torch(verbose)
-            if path:
-                shutil.copyfile(path, cached + ".tmp")
-                os.replace(cached + ".tmp", cached)
-                return cached
-        except Exception as e:  # noqa: BLE001 (any build failure: try the plain compiler)
-            errors.append("torch.utils.cpp_extension: %s" % e)
+    if use_torch and "torch" not in sys.modules and _torch_importable():
+        import torch  # noqa: F401,PLC0415 (_cxx builds with torch's flags only when torch is imported)
     try:
-        return _compile_plain(cached)
-    except (RuntimeError, OSError) as e:
-        errors.append(str(e))
-    raise RuntimeError("vmmalloc: cannot build the graph hooks shim (%s): %s" % (HOOK_SOURCE, "; ".join(errors)))
+        path, _ = _cxx.build(os.path.basename(HOOK_SOURCE), use_torch, verbose)
+    except RuntimeError as e:
+        raise RuntimeError("vmmalloc: cannot build the graph hooks shim (%s): %s" % (HOOK_SOURCE, e)) from e
+    return path
 
 
 def _torch_importable():
