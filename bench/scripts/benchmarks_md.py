@@ -51,6 +51,9 @@ def machine():
 BCRAFTON = ("`memory_snapshot.pickle` from github.com/bcrafton/assignment2-systems, commit 0c0e8a7 (MIT): a "
             "`torch.cuda.memory._dump_snapshot` of one AdamW training step of GPT-2 small (d_model 768, "
             "12 layers, vocab 50257, `torch.compile`, batch 1, context 64) recorded after 10 warm-up steps")
+OCTREE = ("from github.com/HugePandaCoder/octree-nca-groupeq (MIT), flattened to the same CSV: inference of an "
+          "octree neural cellular automaton on whole-slide pathology images, coarse to fine, with few tensors of "
+          "1-7 GiB.")
 TRACE_SOURCES = {
     "cs336_bcrafton_memory_snapshot.pickle": BCRAFTON + ".",
     "cs336_bcrafton_gpt2small_compiled_trainstep.trace.csv":
@@ -63,6 +66,42 @@ TRACE_SOURCES = {
         "`results/medium_1024_training_memory_snapshot.pickle` from github.com/Wedsonlin/assignment2-systems, "
         "commit 8630bcf (MIT), flattened to the same CSV: one full training step of a medium Transformer LM "
         "at context 1024, recorded after warm-up steps.",
+    "cs336_silmont2000_mem_snapshot.trace.csv":
+        "`mem_snapshot.pickle` from github.com/silmont2000/assignment2-systems, commit 75d09aa (MIT), flattened "
+        "to the same CSV: memory profiling of a Transformer LM (97 trace entries).",
+    "cs336_silmont2000_memory_forward_bf16_128.trace.csv":
+        "`memory_forward_bf16_128.pickle` from github.com/silmont2000/assignment2-systems, commit 75d09aa (MIT), "
+        "flattened to the same CSV: a forward pass of a Transformer LM at context 128 in bf16.",
+    "cs336_silmont2000_memory_forward_fp32_128.trace.csv":
+        "`memory_forward_fp32_128.pickle` from github.com/silmont2000/assignment2-systems, commit 75d09aa (MIT), "
+        "flattened to the same CSV: the same forward pass in fp32.",
+    "cs336_magma27_trainstep.trace.csv":
+        "`memory_snapshot.pickle` from github.com/MAGMA27/assignment2-systems, commit 15883f2 (MIT), flattened to "
+        "the same CSV: one forward and backward pass of a 12-layer Transformer LM (d_model 768, batch 32, "
+        "context 256, fp32) after 5 warm-up steps.",
+    "cs336_nothanmin_trainstep.trace.csv":
+        "`memory_snapshot.pickle` from github.com/notHanmin/assignment2-systems, commit 33be88e (MIT), flattened "
+        "to the same CSV: one AdamW training step of a Transformer LM, batch 4.",
+    "cs336_nothanmin_forward.trace.csv":
+        "`memory_snapshot_forward.pickle` from github.com/notHanmin/assignment2-systems, commit bbd2972 (MIT), "
+        "flattened to the same CSV: a forward pass that keeps its activations (presumably under bf16 autocast).",
+    "cs336_nothanmin_forward_without_mixed.trace.csv":
+        "`memory_snapshot_forward_without_mixed.pickle` from github.com/notHanmin/assignment2-systems, commit "
+        "bbd2972 (MIT), flattened to the same CSV: the same forward pass in fp32.",
+    "octree_nca_peso_inference.trace.csv":
+        "`mem_snapshots/inference2_peso_oct.pickle` of commit 3e8aa21 " + OCTREE,
+    "octree_nca_wsi_0cc7299.trace.csv":
+        "`my_snapshot.pickle` of commit 0cc7299 " + OCTREE,
+    "octree_nca_wsi_db23ad8.trace.csv":
+        "`my_snapshot.pickle` of commit db23ad8 " + OCTREE,
+    "octree_nca_wsi_d47727a.trace.csv":
+        "`my_snapshot.pickle` of commit d47727a " + OCTREE,
+    "octree_nca_wsi_752276c.trace.csv":
+        "`my_snapshot.pickle` of commit 752276c " + OCTREE,
+    "octree_nca_wsi_b602628.trace.csv":
+        "`my_snapshot.pickle` of commit b602628 " + OCTREE,
+    "octree_nca_single_step.trace.csv":
+        "`mem_snapshots/traditional_single_step.pickle` of commit 3e8aa21 (one NCA step) " + OCTREE,
 }
 IN_REPO = "bench/data/gpt2small_trainstep.trace.csv"
 
