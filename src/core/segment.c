@@ -851,7 +851,8 @@ static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
     return best;
 }
 
-static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target);
+static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target,
+                           size_t size);
 
 static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
                      size_t *short_pages)
@@ -868,7 +869,7 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
     if (fresh && reserved_now(a) + fresh > a->reserved_hwm) {
         size_t over = reserved_now(a) + fresh - a->reserved_hwm;
         /* lanes ran during its driver calls: best's free neighbours may have changed */
-        if (recycle_idle(a, ps, over < fresh ? over : fresh, best) || a->lanes_open)
+        if (recycle_idle(a, ps, over < fresh ? over : fresh, best, size) || a->lanes_open)
             best = grow_target(a, sr, pool, size, &best_need);
     }
     if (!best) {
@@ -928,15 +929,18 @@ int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vm
 
 /* ---- reclaiming idle pages ---------------------------------------------------------------- */
 
-/* The run [*p0, *p1) of handles lying wholly inside FREE block b, from the first one on, of at
- * least `want` pages where there are that many (whole handles: a bit more); 0 when none. A handle
- * reaching past the block (part of it under a block in use, or not idle) ends the run: it can only
- * be unmapped whole, so it stays mapped until its every page is free. */
-static size_t whole_handles(const vmm_block *b, size_t want, size_t *p0, size_t *p1)
+/* The run [*p0, *p1) of handles lying wholly inside FREE block b at or above address lo, from the
+ * first one on, of at least `want` pages where there are that many (whole handles: a bit more); 0
+ * when none. A handle reaching past the block (part of it under a block in use, or not idle) ends
+ * the run: it can only be unmapped whole, so it stays mapped until its every page is free. */
+static size_t whole_handles(const vmm_block *b, uintptr_t lo, size_t want, size_t *p0, size_t *p1)
 {
     const vmm_segment *seg = b->seg;
     size_t ps = seg->page_size;
-    size_t q = round_up(b->addr - seg->base, ps) / ps, end = (b->addr + b->size - seg->base) / ps;
+    uintptr_t from = lo > b->addr ? lo : b->addr;
+    if (from >= b->addr + b->size)
+        return 0;
+    size_t q = round_up(from - seg->base, ps) / ps, end = (b->addr + b->size - seg->base) / ps;
     /* a handle begun before the block's first whole page is not the block's to unmap */
     if (q < end && handle_first(seg, q) < q)
         q = handle_end(seg, q);
@@ -952,15 +956,15 @@ static size_t whole_handles(const vmm_block *b, size_t want, size_t *p0, size_t 
     return r > q ? r - q : 0;
 }
 
-/* Unmap whole handles inside FREE block b, `want` pages or a little more; returns pages unmapped.
- * The range leaves the index first as a DETACHING block of its own, which no lane path takes or
- * merges: the unmaps then let every lane go (lane.c, "Driver calls"). */
-static size_t reclaim_block(vmm_allocator *a, vmm_block *b, size_t want)
+/* Unmap whole handles inside FREE block b at or above address lo, `want` pages or a little more;
+ * returns pages unmapped. The range leaves the index first as a DETACHING block of its own, which
+ * no lane path takes or merges: the unmaps then let every lane go (lane.c, "Driver calls"). */
+static size_t reclaim_block(vmm_allocator *a, vmm_block *b, uintptr_t lo, size_t want)
 {
     vmm_segment *seg = b->seg;
     size_t ps = seg->page_size;
     size_t p0, p1;
-    if (!whole_handles(b, want, &p0, &p1))
+    if (!whole_handles(b, lo, want, &p0, &p1))
         return 0;
     /* mapping callbacks: before_unmap runs first, outside the lock (callbacks.c) */
     if (VMM_UNLIKELY(a->cb_mapping))
@@ -1063,7 +1067,7 @@ size_t vmm_seg_finish_detached(vmm_allocator *a, vmm_block *u, vmm_block **rest)
 static int has_whole_handle(const vmm_block *b)
 {
     size_t p0, p1;
-    return whole_handles(b, 1, &p0, &p1) != 0;
+    return whole_handles(b, 0, 1, &p0, &p1) != 0;
 }
 
 /* A candidate of recycle_idle, by its place in its lane's index rather than its record: the lanes
@@ -1075,6 +1079,7 @@ typedef struct recycle_cand {
     size_t size;
     uintptr_t addr;
     uint64_t gc_stamp;
+    uintptr_t lo; /* only pages at or above this address (the growth target's upper neighbour) */
 } recycle_cand;
 
 /* Growth recycles a hole between two blocks in use only when it holds at least this many whole
@@ -1090,18 +1095,20 @@ typedef struct recycle_cand {
  * (vmm_seg_reclaim) takes every idle page. */
 enum { RECYCLE_MIN_PAGES = 4 };
 
-static int recyclable(const vmm_block *b)
+static int recyclable(const vmm_block *b, uintptr_t lo)
 {
     size_t p0, p1;
-    int edge = !b->prev || b->prev->state == VMM_BLOCK_UNMAPPED || !b->next ||
+    /* above lo, the block's lower edge is the growth's new block, in use */
+    int edge = (lo <= b->addr && (!b->prev || b->prev->state == VMM_BLOCK_UNMAPPED)) || !b->next ||
                b->next->state == VMM_BLOCK_UNMAPPED;
     size_t want = edge ? 1 : RECYCLE_MIN_PAGES;
-    return whole_handles(b, want, &p0, &p1) >= want; /* stops once it has `want` pages */
+    return whole_handles(b, lo, want, &p0, &p1) >= want; /* stops once it has `want` pages */
 }
 
-/* Idle FREE blocks that recyclable() takes, other than k0 / k1; stored in out unless it is NULL. */
+/* Idle FREE blocks that recyclable() takes, other than k0, and k1 only above k1_lo; stored in out
+ * unless it is NULL. */
 static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vmm_block *k1,
-                                 recycle_cand *out)
+                                 uintptr_t k1_lo, recycle_cand *out)
 {
     size_t n = 0;
     for (vmm_stream_rec *r = a->streams; r; r = r->next) {
@@ -1110,10 +1117,11 @@ static size_t recycle_candidates(vmm_allocator *a, const vmm_block *k0, const vm
             /* blocks smaller than a page hold no whole handle: start past them */
             for (vmm_block *b = vmm_tree_lower_bound(*root, r->key, a->page_size[pool], 0);
                  b && b->seg->key == r->key; b = vmm_tree_next(*root, b)) {
-                if (b == k0 || b == k1 || !b->seg->expandable || !recyclable(b) || !vmm_block_idle(b))
+                uintptr_t lo = b == k1 ? k1_lo : 0;
+                if (b == k0 || !b->seg->expandable || !recyclable(b, lo) || !vmm_block_idle(b))
                     continue;
                 if (out)
-                    out[n] = (recycle_cand){r, pool, b->seg->key, b->size, b->addr, b->gc_stamp};
+                    out[n] = (recycle_cand){r, pool, b->seg->key, b->size, b->addr, b->gc_stamp, lo};
                 n++;
             }
         }
@@ -1127,7 +1135,7 @@ static vmm_block *recycle_find(const recycle_cand *c)
     vmm_block *b = vmm_tree_lower_bound(c->r->free_tree[c->pool], c->key, c->size, c->addr);
     if (!b || b->addr != c->addr || b->size != c->size || b->seg->key != c->key)
         return NULL;
-    return recyclable(b) && vmm_block_idle(b) ? b : NULL;
+    return recyclable(b, c->lo) && vmm_block_idle(b) ? b : NULL;
 }
 
 static int older_first(const void *x, const void *y)
@@ -1140,9 +1148,13 @@ static int older_first(const void *x, const void *y)
 
 /* Free up to `want` bytes for growth with pages of size ps: cached handles of other sizes are
  * released, idle pages are unmapped (handles of size ps cached for the growth, others released).
- * Never blocks; the free neighbours of `target` (the unmapped block to grow into) are kept, as
- * their pages would only be mapped again in place. Returns bytes made available. */
-static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target)
+ * Never blocks. The growth of `size` bytes into `target` (the unmapped block to grow into) starts
+ * at target's free lower neighbour, which it takes whole: that one is kept. Of the free upper
+ * neighbour only the part the growth reaches is kept; its pages above the request's end would
+ * stay idle beside it (an inference whose 7 GiB tensor grew into target while 1.7 GiB of idle
+ * pages above it stayed mapped held 1.10x what it handed out). Returns bytes made available. */
+static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target,
+                           size_t size)
 {
     size_t got = vmm_handles_release(a, ps, want);
     if (got >= want)
@@ -1152,26 +1164,31 @@ static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_b
     vmm_fences_record(a);
     vmm_fences_poll(a);
     const vmm_block *k0 = NULL, *k1 = NULL;
+    uintptr_t k1_lo = 0, t_addr = target ? target->addr : 0;
+    const vmm_segment *t_seg = target ? target->seg : NULL;
     if (target && target->prev && target->prev->state == VMM_BLOCK_FREE)
         k0 = target->prev;
-    if (target && target->next && target->next->state == VMM_BLOCK_FREE)
+    if (target && target->next && target->next->state == VMM_BLOCK_FREE) {
         k1 = target->next;
-    size_t n = recycle_candidates(a, k0, k1, NULL);
+        uintptr_t end = (k0 ? k0->addr : target->addr) + size;
+        k1_lo = end > k1->addr ? end : k1->addr;
+    }
+    size_t n = recycle_candidates(a, k0, k1, k1_lo, NULL);
     recycle_cand *c = n ? vmm_meta_alloc(a->meta, n * sizeof *c) : NULL;
     if (!c)
         return got;
-    recycle_candidates(a, k0, k1, c);
+    recycle_candidates(a, k0, k1, k1_lo, c);
     qsort(c, n, sizeof *c, older_first);
     size_t other = 0;
-    /* each candidate looked up again: reclaim_block splits its own block and merges unmapped ones,
-     * and the lanes run during its unmaps; target's free neighbours of the moment stay (an unmapped
-     * range beside target would merge with it) */
+    /* each candidate looked up again: reclaim_block splits its own block and merges unmapped ones
+     * (target among them: it is not read again), and the lanes run during its unmaps; the free
+     * block ending where target begins stays, whichever it is by then */
     for (size_t i = 0; i < n && got < want; i++) {
         vmm_block *b = recycle_find(&c[i]);
-        if (!b || (target && (b == target->prev || b == target->next)))
+        if (!b || (b->seg == t_seg && b->addr + b->size == t_addr))
             continue;
         size_t bps = b->seg->page_size;
-        size_t k = reclaim_block(a, b, (want - got + bps - 1) / bps);
+        size_t k = reclaim_block(a, b, c[i].lo, (want - got + bps - 1) / bps);
         if (!k)
             break; /* the driver refuses: growth creates handles instead */
         got += k * bps;
@@ -1200,7 +1217,7 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
                 uintptr_t na = next ? next->addr : 0;
                 if (b->seg->expandable && vmm_block_idle(b)) {
                     if (has_whole_handle(b)) {
-                        size_t n = reclaim_block(a, b, want - got);
+                        size_t n = reclaim_block(a, b, 0, want - got);
                         if (n == 0)
                             return got; /* the driver refuses: stop here */
                         got += n;
