@@ -261,7 +261,7 @@ VMM_API int vmm_check(vmm_allocator *a);
  * Returns the length or VMM_ERANGE when buf is too small. */
 VMM_API int vmm_config_string(vmm_allocator *a, char *buf, size_t len);
 
-/* ---- CUDA graphs: capture and private pools (src/capture.c, src/mempool.c) -----------------------
+/* ---- CUDA graphs: capture and private pools (src/core/capture.c, src/features/mempool.c) -----------------------
  *
  * Capture. While a stream captures a CUDA graph, work queued on it is recorded, not run, and every
  * replay of the graph runs it again at the same addresses. The allocator is safe to call then: it
@@ -352,7 +352,7 @@ VMM_API int vmm_pool_get_stats(vmm_allocator *a, uint64_t id0, uint64_t id1, vmm
  * allocator's memory), VMM_EINVAL. Linear in the number of segments. */
 VMM_API int vmm_pool_lookup(vmm_allocator *a, const void *ptr, uint64_t *id0, uint64_t *id1);
 
-/* ---- Pinned host memory (src/pinned.c) ---------------------------------------------------------
+/* ---- Pinned host memory (src/features/pinned.c) ---------------------------------------------------------
  *
  * A caching allocator for page-locked host memory (cuMemHostAlloc), the staging buffers of
  * asynchronous copies. It hangs off a device allocator and uses its driver and streams; its state is
@@ -420,7 +420,7 @@ VMM_API int vmm_pinned_reset_stats(vmm_allocator *a, int cumulative);
  * Returns the length, VMM_ERANGE when len is too small (truncated, terminated), VMM_EINVAL. */
 VMM_API int vmm_pinned_stats_json(vmm_allocator *a, char *buf, size_t len);
 
-/* ---- PyTorch pluggable allocator (src/pytorch.c) -----------------------------------------------
+/* ---- PyTorch pluggable allocator (src/api/pytorch.c) -----------------------------------------------
  *
  * vmm_torch_malloc / vmm_torch_free have the signatures torch.cuda.memory.CUDAPluggableAllocator
  * loads from a shared library (size_t-sized sizes, a cudaStream_t):
@@ -536,7 +536,7 @@ VMM_API int vmm_torch_oom_report(char *buf, size_t len);
  * no other vmm_torch_* call may run meanwhile, and pointers still live are reported and lost). */
 VMM_API void vmm_torch_shutdown(void);
 
-/* ---- History, snapshots and fused buffers (src/history.c, src/snapshot.c, src/group.c) ----------
+/* ---- History, snapshots and fused buffers (src/api/history.c, src/api/snapshot.c, src/api/group.c) ----------
  *
  * History: a ring of the allocator's last events (what PyTorch calls the trace), kept while
  * vmm_record_history is on. Each entry has an action, an address, a size, a stream and a time in
@@ -665,7 +665,7 @@ enum { VMM_GROUP_ALIGN = 512 };
 VMM_API int vmm_malloc_group(vmm_allocator *a, const size_t *sizes, size_t n, vmm_stream stream,
                              void **ptrs);
 
-/* ---- Tags, sleep and wake (src/sleep.c) --------------------------------------------------------
+/* ---- Tags, sleep and wake (src/features/sleep.c) --------------------------------------------------------
  *
  * Sleep gives a tag's device memory back without freeing its blocks: their physical pages are
  * unmapped and released while every virtual address stays reserved, so pointers (and captured CUDA
@@ -743,7 +743,7 @@ VMM_API int vmm_wake(vmm_allocator *a, const char *const *tags, size_t n_tags);
 /* 1 when `tag` sleeps, 0 when awake, VMM_EINVAL for an unknown tag. */
 VMM_API int vmm_is_asleep(vmm_allocator *a, const char *tag);
 
-/* ---- Callbacks (src/callbacks.c) ----------------------------------------------------------------
+/* ---- Callbacks (src/core/callbacks.c) ----------------------------------------------------------------
  *
  * Free-memory callbacks are PyTorch's FreeMemoryCallback (trigger_free_memory_callbacks): when an
  * allocation finds no cached block, the allocator runs them, with its lock released, before growing

@@ -131,7 +131,7 @@ VMM_API int vmm_sim_on_call(vmm_allocator *a, int kind, vmm_sim_call_hook fn, vo
  * replayed. While stream s captures, work queued on it (vmm_sim_launch, vmm_sim_memset32, and the
  * work of streams that joined through vmm_sim_stream_wait_stream) is recorded instead of run; the
  * capture's end gives a graph; each vmm_sim_graph_launch queues the recorded work again, in the
- * recorded order, on a stream. The rules of CUDA's capture modes are enforced (src/driver.h,
+ * recorded order, on a stream. The rules of CUDA's capture modes are enforced (src/driver/driver.h,
  * "Capture"): an unsafe driver call (allocation, mapping, event query or synchronization) made by a
  * thread whose mode forbids it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the
  * capture; so do synchronizing the capturing stream or the device; events recorded in a capture
