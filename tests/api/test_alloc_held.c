@@ -7,7 +7,9 @@
  * and a free block at the end of a mapped run whatever its size; one thread on ten streams holds no
  * more with its thread cache than without, and on six streams whose small blocks that stay were
  * allocated after their stream's temporaries were freed, at most two pages more; a small request
- * takes a large-pool sliver between live blocks before a new small-pool page. */
+ * takes a large-pool sliver between live blocks before a new small-pool page; on a layer-by-layer
+ * forward pass the tensors that stay are kept apart from the temporaries (lifetime_split), at least
+ * four pages fewer over than without. */
 #include <stdint.h>
 #include <string.h>
 
