@@ -440,6 +440,15 @@ static int f_depot(const vmm_config *c, char *b, size_t n)
     return snprintf(b, n, "%s", c->depot ? "true" : "false");
 }
 
+static int p_life(vmm_config *c, const char *key, token v)
+{
+    return parse_bool(key, v, &c->lifetime_split);
+}
+static int f_life(const vmm_config *c, char *b, size_t n)
+{
+    return snprintf(b, n, "%s", c->lifetime_split ? "true" : "false");
+}
+
 static int p_small_page(vmm_config *c, const char *key, token v)
 {
     return parse_pow2_size(key, v, &c->small_page_size);
@@ -695,6 +704,8 @@ static const option_desc options[] = {
      "true: once two threads use the allocator, a cached malloc or free of the small pool takes only its stream's lock (a lane), so threads on their own streams do not queue on the allocator lock; false keeps one lock (default true)"},
     {"thread_cache_depot", p_depot, f_depot,
      "true: while lanes are open, a thread that frees more small blocks than it allocates passes its full bins to a depot that other threads' mallocs take from, instead of back to their stream's pool under its lock (producer / consumer threads); false gives them back (default true)"},
+    {"lifetime_split", p_life, f_life,
+     "true: with expandable segments, a large request of a size most of whose blocks in its stream are still live (a tensor that stays) is placed in a segment of its own, apart from short-lived ones, so that it does not leave slivers in their holes; false: one best fit (default true)"},
     {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
     {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
     {"sim_backed", p_sim_backed, f_sim_backed,
@@ -744,6 +755,7 @@ void vmm_config_defaults(vmm_config *c)
     c->grow_unlocked = 1;
     c->lanes = 1;
     c->depot = 1;
+    c->lifetime_split = 1;
     vmm_sim_default_options(&c->sim);
 }
 

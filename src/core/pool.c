@@ -383,6 +383,65 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
     }
 }
 
+/* ---- lifetimes ----------------------------------------------------------------------------
+ * A layer-by-layer forward pass keeps some tensors (1.125 and 4.5 MiB activations that stay to the
+ * end) among others freed within a few allocations (1.5 and 3 MiB temporaries). Best fit puts a
+ * tensor that stays into a temporary's hole (1.125 MiB in 1.5 MiB), and the sliver beside it
+ * (0.375 MiB) serves no later large request: with one handle per page such slivers held 14.3 pages
+ * above what was handed out at the peak of a 244 MiB pass. Online a block's lifetime is guessed
+ * from its size's history in its lane: a size most of whose blocks are still live is predicted to
+ * stay. Once such a request's best fit would leave a sliver (1 MiB or less, between blocks, not at
+ * the end of a mapped run), the lane splits: from then on requests predicted to stay take the best
+ * fit among its longlived segments' free blocks or grow one of them, and the others grow only the
+ * lane's other segments (their best fit still takes any free block). The temporaries then free
+ * whole runs that the next ones refill, and what stays packs end to end: 8.3 pages on that pass.
+ * Splitting every lane from the start (a second segment at once) got to 2.3 pages there but cost
+ * the traces of 1 GB or more up to two pages each, past the smallest-capacity target on three
+ * (docs/benchmarks.md, "Handle sizes"). Expandable large pool of the default pools only. */
+
+enum {
+    LIFE_SLIVER = 1 << 20, /* a free remainder no large request fits (the large pool's floor) */
+    LIFE_SCAN = 64,        /* longlived candidates looked at past other segments' blocks */
+};
+
+static inline vmm_life_slot *life_slot(vmm_stream_rec *sr, size_t size)
+{
+    /* 32 slots by a Fibonacci hash of the size in 512-byte units; a collision restarts the count */
+    return &sr->life[((uint64_t)size >> 9) * 0x9E3779B97F4A7C15ull >> 59];
+}
+
+int vmm_pool_long_lived(const vmm_allocator *a, vmm_stream_rec *sr, size_t size)
+{
+    if (!sr || !a->cfg.lifetime_split || !a->cfg.expandable_segments || pool_of(size) != VMM_LARGE)
+        return -1;
+    const vmm_life_slot *l = life_slot(sr, size);
+    return l->size == size && 2ull * l->n_free < l->n_alloc;
+}
+
+int vmm_pool_life_split(const vmm_stream_rec *sr) { return sr->life_split; }
+
+/* Large-pool block b of a default-pool expandable segment is allocated (freed 0) or freed. */
+static inline void life_note(vmm_block *b, int freed)
+{
+    const vmm_segment *seg = b->seg;
+    if (!seg->expandable || seg->mp)
+        return;
+    vmm_life_slot *l = life_slot(seg->srec, b->size);
+    if (l->size != b->size) {
+        if (freed)
+            return; /* its slot went to another size since */
+        l->size = b->size;
+        l->n_alloc = l->n_free = 0;
+    }
+    if (freed) {
+        if (l->n_free < l->n_alloc)
+            l->n_free++;
+    } else if (++l->n_alloc == UINT32_MAX) {
+        l->n_alloc /= 2; /* the ratio is what counts */
+        l->n_free /= 2;
+    }
+}
+
 static inline vmm_block *best_fit(vmm_allocator *a, vmm_block *root, vmm_stream s, size_t size)
 {
     vmm_block *b = vmm_tree_lower_bound(root, s, size, 0);
@@ -395,6 +454,38 @@ static inline vmm_block *best_fit(vmm_allocator *a, vmm_block *root, vmm_stream 
         return NULL;
     if (max_split != SIZE_MAX && size >= max_split && b->size - size >= a->cfg.max_non_split_rounding)
         return NULL;
+    return b;
+}
+
+/* Best fit in lane sr (key s) for a request predicted to stay ("Lifetimes"): before the lane has
+ * split, the lane's best fit unless it would leave a sliver between blocks (then the lane splits
+ * and NULL: the request grows a longlived segment); after, the best fit among longlived segments'
+ * free blocks, NULL past LIFE_SCAN others. *fitted cleared when the answer is not the lower bound
+ * (pool_take may then not carve it in its index slot). */
+static vmm_block *best_fit_long(vmm_allocator *a, vmm_stream_rec *sr, vmm_block *root, vmm_stream s,
+                                size_t size, int *fitted)
+{
+    vmm_block *b = best_fit(a, root, s, size);
+    if (!b)
+        return NULL;
+    if (!sr->life_split) {
+        size_t rem = b->size - size;
+        int run_end = !b->next || b->next->state == VMM_BLOCK_UNMAPPED;
+        if (rem == 0 || rem > LIFE_SLIVER || run_end)
+            return b;
+        sr->life_split = 1;
+        return NULL;
+    }
+    for (int n = 0; b->seg->longlived != 1; n++) {
+        *fitted = 0;
+        b = vmm_tree_next(root, b);
+        if (n == LIFE_SCAN || !b || b->seg->key != s)
+            return NULL;
+        /* best_fit's rule for oversize requests, which holds for every larger block */
+        if (a->cfg.max_split_size != SIZE_MAX && size >= a->cfg.max_split_size &&
+            b->size - size >= a->cfg.max_non_split_rounding)
+            return NULL;
+    }
     return b;
 }
 
@@ -527,6 +618,8 @@ static inline int pool_take(vmm_allocator *a, vmm_block **bp, size_t size, size_
     int pool = b->seg->pool;
     b->state = VMM_BLOCK_ALLOCATED;
     b->requested = requested;
+    if (pool == VMM_LARGE)
+        life_note(b, 0);
     live_put_block(a, b); /* room was made above */
     /* a lane's deltas while its path runs: active's peaks are taken when they are folded (lane.c) */
     vmm_books *bk = vmm_books_of(a, b->seg);
@@ -582,7 +675,10 @@ int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, vmm_stream_rec *sr
     int p = pool_of(r);
     /* a private pool's blocks are in its own index (mempool.c) */
     vmm_block *root = VMM_UNLIKELY(mp != NULL) ? mp->free_tree[p] : sr ? sr->free_tree[p] : NULL;
-    vmm_block *b = best_fit(a, root, s, r);
+    int fitted = 1;
+    vmm_block *b = VMM_UNLIKELY(p == VMM_LARGE) && !mp && vmm_pool_long_lived(a, sr, r) == 1
+                       ? best_fit_long(a, sr, root, s, r, &fitted)
+                       : best_fit(a, root, s, r);
     *rounded = r;
     *pool = p;
     *out = NULL;
@@ -590,7 +686,7 @@ int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, vmm_stream_rec *sr
         b = large_sliver(sr, s, r);
     if (VMM_UNLIKELY(!b))
         return VMM_OK;
-    int rc = pool_take(a, &b, r, size, 1);
+    int rc = pool_take(a, &b, r, size, fitted);
     if (rc == VMM_OK)
         *out = b;
     return rc;
@@ -647,6 +743,8 @@ void vmm_pool_release(vmm_allocator *a, vmm_block *b)
         vmm_stat_add(&a->pending[pool], -1);
         vmm_stat_add(&a->pending_bytes[pool], -(int64_t)b->size);
     }
+    if (b->seg->pool == VMM_LARGE)
+        life_note(b, 1);
     b->state = VMM_BLOCK_FREE;
     b->n_uses = 0;
     b->gc_stamp = a->malloc_count;

@@ -760,7 +760,7 @@ enum { SMALL_VA_DIVISOR = 16, SMALL_VA_MIN_PAGES = 16 };
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 static int seg_new_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t min_size,
-                              vmm_block **out)
+                              int longlived, vmm_block **out)
 {
     size_t ps = a->page_size[pool];
     size_t va = a->va_size[pool];
@@ -796,6 +796,7 @@ static int seg_new_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
     s->mp = a->cur_mp;
     s->pool = pool;
     s->expandable = 1;
+    s->longlived = longlived;
     s->page_size = ps;
     s->max_handle_pages = handle_pages_max(a, pool);
     s->n_pages = va / ps;
@@ -830,9 +831,10 @@ static size_t grow_need(const vmm_block *u, size_t size, size_t ps)
 }
 
 /* Unmapped block of sr's pool to grow into for `size` bytes: the one needing the fewest pages,
- * then the lowest; NULL when none fits (*need then is what a fresh reservation maps). */
+ * then the lowest, in a segment whose longlived flag is `longlived` (-1: any); NULL when none fits
+ * (*need then is what a fresh reservation maps). */
 static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size,
-                              size_t *need_out)
+                              int longlived, size_t *need_out)
 {
     size_t ps = a->page_size[pool];
     vmm_block *best = NULL;
@@ -841,7 +843,7 @@ static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
     vmm_block *root = a->cur_mp ? a->cur_mp->unmapped_tree[pool] : a->unmapped_tree[pool];
     for (vmm_block *u = vmm_tree_lower_bound(root, sr->key, 0, 0);
          u && u->seg->key == sr->key; u = vmm_tree_next(root, u)) {
-        size_t need = grow_need(u, size, ps);
+        size_t need = longlived < 0 || u->seg->longlived == longlived ? grow_need(u, size, ps) : 0;
         if (need && (!best || need < best_need || (need == best_need && u->addr < best->addr))) {
             best = u;
             best_need = need;
@@ -854,13 +856,13 @@ static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
 static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target,
                            size_t size);
 
-static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
-                     size_t *short_pages)
+static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, int longlived,
+                     vmm_block **out, size_t *short_pages)
 {
     size_t ps = a->page_size[pool], m = handle_pages_max(a, pool);
     size_t best_need;
     quar_retry(a, 1, 0);
-    vmm_block *best = grow_target(a, sr, pool, size, &best_need);
+    vmm_block *best = grow_target(a, sr, pool, size, longlived, &best_need);
     /* Growth past the high-water mark of reserved bytes takes idle pages first (see recycle_idle) */
     handle_plan pl;
     pl.chunk = NULL;
@@ -870,10 +872,10 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
         size_t over = reserved_now(a) + fresh - a->reserved_hwm;
         /* lanes ran during its driver calls: best's free neighbours may have changed */
         if (recycle_idle(a, ps, over < fresh ? over : fresh, best, size) || a->lanes_open)
-            best = grow_target(a, sr, pool, size, &best_need);
+            best = grow_target(a, sr, pool, size, longlived, &best_need);
     }
     if (!best) {
-        int rc = seg_new_expandable(a, sr, pool, size, &best);
+        int rc = seg_new_expandable(a, sr, pool, size, longlived > 0, &best);
         if (rc)
             return rc;
         best_need = round_up(size, ps);
@@ -918,8 +920,13 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
 int vmm_seg_grow(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, vmm_block **out,
                  size_t *short_pages)
 {
+    /* once the lane has split (pool.c, "Lifetimes"), a request predicted to stay grows its
+     * longlived segments, any other its other segments */
+    int longlived = -1;
+    if (!a->cur_mp && vmm_pool_life_split(sr))
+        longlived = vmm_pool_long_lived(a, sr, size);
     for (;;) {
-        int rc = grow_once(a, sr, pool, size, out, short_pages);
+        int rc = grow_once(a, sr, pool, size, longlived, out, short_pages);
         /* another thread took the free block before the range while the handles were created
          * with the lock released: grow on from what is mapped now (each round maps pages) */
         if (rc || (*out)->size >= size)

@@ -109,6 +109,8 @@ struct vmm_segment {
     struct vmm_mempool *mp;    /* private pool owning it (mempool.c); NULL: the default pools */
     int asleep;                /* sleep.c: 1 frozen for sleep (FREE blocks out of the index), 2
                                 * asleep (no page mapped); 0 awake */
+    int longlived;             /* expandable large pool: holds the blocks its lane predicts to stay
+                                * (pool.c, "Lifetimes") */
 };
 
 /* A private pool (mempool.c): PyTorch's PrivatePool. Its segments' free and unmapped blocks live
@@ -153,6 +155,14 @@ typedef struct vmm_fence {
     struct vmm_fence *next;
 } vmm_fence;
 
+/* Large-pool blocks of one rounded size allocated and freed in a lane (pool.c, "Lifetimes");
+ * size 0: an empty slot. */
+enum { VMM_LIFE_SLOTS = 32 };
+typedef struct vmm_life_slot {
+    size_t size;
+    uint32_t n_alloc, n_free;
+} vmm_life_slot;
+
 struct vmm_stream_rec {
     /* read by other threads' lane lookups (lane.c): set before the record is linked, then fixed */
     vmm_stream stream;
@@ -173,6 +183,10 @@ struct vmm_stream_rec {
      * so that a lane's best fit and merges touch nothing of another's */
     vmm_block *free_tree[VMM_NPOOLS];
     vmm_books bk;
+    /* pool.c, "Lifetimes": its large-pool sizes' history, and whether requests predicted to stay
+     * go to longlived segments (set once one would have left a sliver) */
+    vmm_life_slot life[VMM_LIFE_SLOTS];
+    int life_split;
     char pad1_[64];
 };
 

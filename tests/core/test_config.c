@@ -45,6 +45,10 @@ int main(void)
         CHECK_OK(vmm_config_parse(&g, "thread_cache_depot:false"));
         CHECK_EQ(g.depot, 0);
         expect_config_error("thread_cache_depot:maybe", "thread_cache_depot");
+        CHECK_EQ(g.lifetime_split, 1);
+        CHECK_OK(vmm_config_parse(&g, "lifetime_split:false"));
+        CHECK_EQ(g.lifetime_split, 0);
+        expect_config_error("lifetime_split:2", "lifetime_split");
     }
     {
         vmm_config g;
