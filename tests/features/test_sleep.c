@@ -77,6 +77,22 @@ static size_t device_free(vmm_allocator *a)
     return f;
 }
 
+/* Device free memory moved by `moved` bytes (after - before) where `want` was released (0: none).
+ * Exact on the simulator and the double. A real driver's cuMemGetInfo also moves with its own
+ * bookkeeping (page tables of the mappings, other contexts), so there the figures are printed for
+ * the GPU report and 4 MiB + 1% either way is accepted. */
+static void check_free_moved(const char *what, int64_t moved, int64_t want)
+{
+    if (!on_cuda || getenv("VMM_EXPECT_CUDA_DOUBLE")) {
+        CHECK_EQ(moved, want);
+        return;
+    }
+    int64_t slack = (int64_t)(4 * MiB) + (want < 0 ? -want : want) / 100;
+    printf("%s: device free memory moved by %lld bytes, %lld expected (real driver, +-%lld accepted)\n",
+           what, (long long)moved, (long long)want, (long long)slack);
+    CHECK(moved >= want - slack && moved <= want + slack);
+}
+
 static void *alloc_tagged(vmm_allocator *a, const char *tag, size_t n)
 {
     void *p = NULL;
@@ -134,7 +150,8 @@ static void basic(int expandable)
     CHECK_EQ(vmm_is_asleep(a, "nope"), VMM_EINVAL);
     /* what was released shows on the device */
     CHECK(st1.reserved_bytes[0].current < st0.reserved_bytes[0].current);
-    CHECK_EQ(free1 - free0, (size_t)(st0.reserved_bytes[0].current - st1.reserved_bytes[0].current));
+    check_free_moved("sleep", (int64_t)free1 - (int64_t)free0,
+                     st0.reserved_bytes[0].current - st1.reserved_bytes[0].current);
     CHECK_EQ(st1.allocated_bytes[0].current, st0.allocated_bytes[0].current);
     /* no allocation under the sleeping tag; the others go on */
     void *q = NULL;
@@ -232,7 +249,7 @@ static void pressure(void)
     CHECK_EQ(st1.mapped_bytes[0].current, st0.mapped_bytes[0].current);
     CHECK_EQ(st1.reserved_bytes[0].current, st0.reserved_bytes[0].current);
     CHECK_EQ(st1.num_wake_failures, 1);
-    CHECK_EQ(device_free(a), free0);
+    check_free_moved("failed wake", (int64_t)device_free(a) - (int64_t)free0, 0);
     /* freed but cached: wake takes the idle pages */
     CHECK_OK(vmm_free(a, u));
     CHECK_OK(vmm_wake(a, T, 1));
