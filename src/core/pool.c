@@ -397,12 +397,18 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
  * whole runs that the next ones refill, and what stays packs end to end: 8.3 pages on that pass.
  * Splitting every lane from the start (a second segment at once) got to 2.3 pages there but cost
  * the traces of 1 GB or more up to two pages each, past the smallest-capacity target on three
- * (docs/benchmarks.md, "Handle sizes"). Expandable large pool of the default pools only. */
+ * (docs/benchmarks.md, "Handle sizes"). A request of LIFE_BIG or more is never predicted to stay:
+ * a sliver beside it costs under 0.4% of it, and one wrongly predicted (the second block of a
+ * size, while the first is live) grows the longlived segments by all its pages, which the other
+ * segments' growths then take back page by page layer after layer (a calibration loop's 1 GiB
+ * temporaries: 21,372 pages remapped against 5,888). Expandable large pool of the default pools
+ * only. */
 
 enum {
     LIFE_SLIVER = 1 << 20, /* a free remainder no large request fits (the large pool's floor) */
     LIFE_SCAN = 64,        /* longlived candidates looked at past other segments' blocks */
 };
+#define LIFE_BIG ((size_t)256 << 20) /* requests this large are never predicted to stay */
 
 static inline vmm_life_slot *life_slot(vmm_stream_rec *sr, size_t size)
 {
@@ -414,6 +420,8 @@ int vmm_pool_long_lived(const vmm_allocator *a, vmm_stream_rec *sr, size_t size)
 {
     if (!sr || !a->cfg.lifetime_split || !a->cfg.expandable_segments || pool_of(size) != VMM_LARGE)
         return -1;
+    if (size >= LIFE_BIG)
+        return 0;
     const vmm_life_slot *l = life_slot(sr, size);
     return l->size == size && 2ull * l->n_free < l->n_alloc;
 }

@@ -14,9 +14,9 @@ size_t vmm_classic_segment_size(size_t rounded);
 vmm_block *vmm_block_new(vmm_allocator *a);
 void vmm_block_delete(vmm_allocator *a, vmm_block *b);
 /* Lifetimes (pool.c): 1 when a request of `size` bytes (rounded) in lane sr is predicted to stay
- * (a large-pool size most of whose blocks in the lane are still live), 0 when not, -1 when the
- * rule does not apply (lifetime_split off, classic segments, small pool, no lane). Lane's lock or
- * the allocator's held. */
+ * (a large-pool size under 256 MiB most of whose blocks in the lane are still live), 0 when not,
+ * -1 when the rule does not apply (lifetime_split off, classic segments, small pool, no lane).
+ * Lane's lock or the allocator's held. */
 int vmm_pool_long_lived(const vmm_allocator *a, vmm_stream_rec *sr, size_t size);
 /* Whether lane sr has split: its requests predicted to stay go to its longlived segments, the
  * others' growth to its other segments. */
