@@ -13,7 +13,12 @@
  * has none or the items that can fill up to a wall's top lack the bytes, and places each item at
  * its stretch's height. Identical items are tried once per node. A slot boundary no unplaced
  * item crosses splits the problem into parts solved on their own; parts proven impossible are
- * remembered (a hash cache). Restarts follow Luby's sequence of node
+ * remembered (a hash cache). A dead end names the placements that cause it (the cells that make
+ * a wall cell, the items that turn candidates down), and a node whose candidate failed for
+ * placements made before it fails at once, with that cause (conflict-directed backjumping: a
+ * dead end in one piece no longer backtracks through the choices of pieces beside it). An item
+ * refuted at a cell is not tried right on top of a later candidate with its lifetime (the same
+ * pair swapped). Restarts follow Luby's sequence of node
  * budgets, in both time directions (two searches, on two threads when the caller has them), each
  * with another tie order: a fixed sequence, so the search is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
  * search: plan_tile_applies says so. */
@@ -28,7 +33,10 @@ enum {
     TILE_CLOCK_EVERY = 256, /* nodes between clock reads */
     TILE_MAX_LEVEL = 40,
     TILE_MEMO = 1 << 16,    /* entries of the impossible-part cache (512 KiB per orientation) */
-    TILE_UNIT = 2,          /* a restart's budget: TILE_UNIT (n + 1) nodes times 2^(Luby level) */
+    /* A restart's budget: TILE_UNIT (n + 1) nodes times 2^(Luby level). 8, not 2: with
+     * backjumping a longer run pays (13 of 31 hard instances tiled in 1,000,000 nodes against 9). */
+    TILE_UNIT = 8,
+    TILE_CBJ_MAX = 8192,    /* most items for backjumping: (n + 1) n bits (8 MiB per orientation) */
 };
 
 typedef struct ts {
@@ -55,6 +63,24 @@ typedef struct ts {
     double deadline;
     int stopped;
     int lowest_first;             /* branching ties: 1 lowest stretch, 0 leftmost */
+    /* Conflict-directed backjumping: a failure comes with the set of placements (by level, the
+     * index in placed[]) that cause it, a bitset of nw words; acc holds one per active node
+     * (indexed by nplaced at its entry). NULL acc: too many items for the n^2 bits, and a
+     * failure is blamed on every placement (chronological backtracking). */
+    uint64_t *why, *acc;
+    size_t nw;
+    uint32_t *lvl;                /* per placed item: its level */
+    uint32_t *col_start, *col_n;  /* per slot: the placed items there, bottom up (CSR of item ids) */
+    uint32_t *col;
+    /* Swaps: when X failed at a cell and Y with X's lifetime is tried there, X right on top of Y
+     * is X first with Y on top (refuted) again. Such (item, offset, level) are barred while Y
+     * stays; forb_cnt counts an item's entries. */
+    struct tile_forb {
+        uint32_t item, level;
+        uint64_t at;
+    } *forb;
+    size_t nforb, capforb;
+    uint32_t *forb_cnt;
 } ts;
 
 static uint64_t mix(uint64_t x)
@@ -74,6 +100,39 @@ static uint64_t max_floor(const ts *s, uint32_t lo, uint32_t hi)
     return m;
 }
 
+/* 1 when item i may not go to h (a swap of a refuted pair); adds the reason to w when given:
+ * what refuted the pair's first try, and the placement of the pair's second. */
+static int barred(const ts *s, uint32_t i, uint64_t h, uint64_t *w)
+{
+    if (!s->forb_cnt || !s->forb_cnt[i])
+        return 0;
+    for (size_t e = s->nforb; e > 0; e--) {
+        const struct tile_forb *f = &s->forb[e - 1];
+        if (f->item != i || f->at != h)
+            continue;
+        if (w) {
+            const uint64_t *r = s->acc + (size_t)f->level * s->nw;
+            for (size_t k = 0; k < s->nw; k++)
+                w[k] |= r[k];
+            w[f->level / 64] |= UINT64_C(1) << (f->level % 64);
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Add to w the reasons of the candidates of a walled-both-sides cell that barred() turns down. */
+static void why_barred(const ts *s, uint64_t *w, int side, uint32_t t, uint64_t h)
+{
+    if (!s->acc)
+        return;
+    uint32_t e0 = side ? s->hi_start[t] : s->lo_start[t], e1 = side ? s->hi_start[t + 1] : s->lo_start[t + 1];
+    const uint32_t *list = side ? s->hi_list : s->lo_list;
+    for (uint32_t e = e0; e < e1; e++)
+        if (s->pos[list[e]] == UINT64_MAX)
+            barred(s, list[e], h, w);
+}
+
 /* Items that can cover the cell against a wall at height h: side 0, a left wall at slot w (items
  * starting at w), side 1, a right wall at w (items ending at w). Each must be able to sit at h
  * some day: no slot of its lifetime above h. With limit (the other wall of a stretch with walls
@@ -90,6 +149,8 @@ static size_t cell_cands(ts *s, int side, uint32_t w, uint64_t h, int has_limit,
         if (s->pos[i] != UINT64_MAX || h % it->align || it->size > s->cap - h)
             continue;
         if (has_limit ? (side ? it->lo < limit : it->hi > limit) : max_floor(s, it->lo, it->hi) > h)
+            continue;
+        if (has_limit && barred(s, i, h, NULL))
             continue;
         if (out)
             out[k] = i;
@@ -116,6 +177,127 @@ static void wall_sums(const ts *s, int side, uint32_t w, uint32_t limit, uint64_
     }
 }
 
+/* Add to w the placed items that meet slots [t0, t1) above height y (their top above y). */
+/* What a failure's cause names: placed items, by a test on their slots and rows. */
+enum { W_CELL, W_ABOVE, W_CROSS, W_START, W_END, W_ALL, W_BASIN };
+
+/* Add to w the placed items that: W_CELL cover the cell (t, y); W_ABOVE meet slot t above row y;
+ * W_CROSS cross the boundary t - 1|t; W_START (W_END) start (end) at t; W_ALL meet slots [t, u);
+ * W_BASIN top out at y somewhere in [t, u) or start there. */
+static void why_set(const ts *s, uint64_t *w, uint32_t i)
+{
+    uint32_t l = s->lvl[i];
+    w[l / 64] |= UINT64_C(1) << (l % 64);
+}
+
+static void why_add(const ts *s, uint64_t *w, int kind, uint32_t t, uint32_t u, uint64_t y)
+{
+    if (!s->acc)
+        return;
+    int column = kind == W_CELL || kind == W_ABOVE || kind == W_CROSS;
+    if (column && (t >= s->c->slots || (kind == W_CROSS && t == 0)))
+        return; /* no such slot (nothing crosses the edges) */
+    const uint32_t *col = column ? s->col + s->col_start[t] : NULL;
+    uint32_t m = column ? s->col_n[t] : 0;
+    switch (kind) {
+    case W_CELL: { /* the column is sorted by offset and has no holes below the floor */
+        uint32_t lo = 0, hi = m;
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (s->pos[col[mid]] + s->items[col[mid]].size <= y)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < m && s->pos[col[lo]] <= y)
+            why_set(s, w, col[lo]);
+        return;
+    }
+    case W_ABOVE:
+        for (uint32_t k = m; k > 0 && s->pos[col[k - 1]] + s->items[col[k - 1]].size > y; k--)
+            why_set(s, w, col[k - 1]);
+        return;
+    case W_CROSS:
+        for (uint32_t k = 0; k < m; k++)
+            if (s->items[col[k]].lo < t)
+                why_set(s, w, col[k]);
+        return;
+    case W_START:
+    case W_END: {
+        const uint32_t *list = kind == W_END ? s->hi_list : s->lo_list;
+        const uint32_t *st = kind == W_END ? s->hi_start : s->lo_start;
+        for (uint32_t e = st[t]; e < st[t + 1]; e++)
+            if (s->pos[list[e]] != UINT64_MAX)
+                why_set(s, w, list[e]);
+        return;
+    }
+    default:
+        break;
+    }
+    for (size_t l = 0; l < s->nplaced; l++) {
+        uint32_t i = s->placed[l];
+        const plan_item *it = &s->items[i];
+        if (it->lo < u && it->hi > t && (kind == W_ALL || s->pos[i] + it->size == y || it->lo >= t))
+            why_set(s, w, i);
+    }
+}
+
+static void why_clear(ts *s)
+{
+    if (s->acc)
+        memset(s->why, 0, s->nw * sizeof *s->why);
+}
+
+/* Add to w the placements that make the cell of a stretch [a, b) at h (part [lo, hi)) on side 0
+ * (slot a) or 1 (slot b - 1) one that only an unplaced item starting at a (ending at b) can cover,
+ * and at h: the item just below the cell (nothing can reach down past it), the placed ones
+ * starting (ending) there, and the wall's item at h (rows: all of the wall above h, for a claim
+ * on the rows up to its top), or at a part's edge the items crossing it (all placed). */
+static void why_side(const ts *s, uint64_t *w, int side, uint32_t a, uint32_t b, uint32_t lo, uint32_t hi,
+                     uint64_t h, int rows)
+{
+    uint32_t t = side ? b - 1 : a, wt = side ? b : a - 1, edge = side ? b == hi : a == lo;
+    if (h > 0)
+        why_add(s, w, W_CELL, t, 0, h - 1);
+    why_add(s, w, side ? W_END : W_START, side ? b : a, 0, 0);
+    if (edge)
+        why_add(s, w, W_CROSS, side ? b : a, 0, 0);
+    else
+        why_add(s, w, rows ? W_ABOVE : W_CELL, wt, 0, h);
+}
+
+/* ... and what keeps the items there from reaching past the stretch's other end (a wall there). */
+static void why_limit(const ts *s, uint64_t *w, int side, uint32_t a, uint32_t b, uint32_t lo, uint32_t hi,
+                      uint64_t h, int rows)
+{
+    uint32_t wt = side ? a - 1 : b, edge = side ? a == lo : b == hi;
+    if (edge)
+        why_add(s, w, W_CROSS, side ? a : b, 0, 0);
+    else
+        why_add(s, w, rows ? W_ABOVE : W_CELL, wt, 0, h);
+}
+
+/* Add to w, for each unplaced item cell_cands (without a limit) turned down for a slot above h
+ * in its lifetime, the placed item covering that slot at h. */
+static void why_cands(const ts *s, uint64_t *w, int side, uint32_t t, uint64_t h)
+{
+    if (!s->acc)
+        return;
+    uint32_t e0 = side ? s->hi_start[t] : s->lo_start[t], e1 = side ? s->hi_start[t + 1] : s->lo_start[t + 1];
+    const uint32_t *list = side ? s->hi_list : s->lo_list;
+    for (uint32_t e = e0; e < e1; e++) {
+        uint32_t i = list[e];
+        const plan_item *it = &s->items[i];
+        if (s->pos[i] != UINT64_MAX || h % it->align || it->size > s->cap - h)
+            continue;
+        uint32_t u = it->lo;
+        while (u < it->hi && s->floor[u] <= h)
+            u++;
+        if (u < it->hi)
+            why_add(s, w, W_CELL, u, 0, h);
+    }
+}
+
 static void fw_xor(ts *s, uint32_t t, uint64_t d);
 static uint64_t zfloor(uint32_t t, uint64_t f);
 static uint64_t zitem(uint32_t i);
@@ -125,11 +307,15 @@ static void tile_put(ts *s, uint32_t i, uint64_t h)
 {
     const plan_item *it = &s->items[i];
     s->pos[i] = h;
+    if (s->acc)
+        s->lvl[i] = (uint32_t)s->nplaced;
     s->placed[s->nplaced++] = i;
     fw_xor(s, it->lo, zitem(i));
     for (uint32_t t = it->lo; t < it->hi; t++) {
         fw_xor(s, t, zfloor(t, h) ^ zfloor(t, h + it->size));
         s->floor[t] = h + it->size;
+        if (s->acc)
+            s->col[s->col_start[t] + s->col_n[t]++] = i;
     }
     for (uint32_t t = it->lo; t + 1 < it->hi; t++)
         s->cuts[t]--;
@@ -149,6 +335,8 @@ static void tile_undo(ts *s, size_t mark)
         for (uint32_t t = it->lo; t < it->hi; t++) {
             fw_xor(s, t, zfloor(t, s->floor[t]) ^ zfloor(t, s->pos[i]));
             s->floor[t] = s->pos[i];
+            if (s->acc)
+                s->col_n[t]--;
         }
         for (uint32_t t = it->lo; t + 1 < it->hi; t++)
             s->cuts[t]++;
@@ -236,8 +424,11 @@ static int tile_dfs(ts *s, uint32_t lo, uint32_t hi)
      * branches above often lead back to it) is not searched again. */
     uint64_t key = tile_key(s, a0, b0);
     size_t slot = (size_t)(key & (TILE_MEMO - 1));
-    if (s->memo[slot] == key)
+    if (s->memo[slot] == key) {
+        why_clear(s); /* the part's state: every placement in it */
+        why_add(s, s->why, W_ALL, a0, b0, 0);
         return 0;
+    }
     int res = tile_node(s, a0, b0);
     if (res == 0)
         s->memo[slot] = key;
@@ -277,13 +468,30 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
              * between them. */
             uint64_t all, inside;
             wall_sums(s, side, side ? b : a, side ? a : b, &all, &inside);
-            if (all < (side ? hr : hl) - h || (both && inside < (hl < hr ? hl : hr) - h))
+            int fail = all < (side ? hr : hl) - h;
+            int wide = !fail && both && inside < (hl < hr ? hl : hr) - h;
+            int basin = !fail && !wide && both && side == 0 && b - a > 2 &&
+                        (!basin_fits(s, a, b, (hl < hr ? hl : hr) - h));
+            size_t k = fail || wide || basin ? 0 : cell_cands(s, side, side ? b : a, h, both, side ? a : b, NULL);
+            if (k == 0) {
+                /* Why: the wall cell (both walls' when both count), every column of a basin
+                 * (its floor), and what turned down each candidate of a one-wall cell. */
+                why_clear(s);
+                if (basin) {
+                    why_add(s, s->why, W_BASIN, a, b, h);
+                    why_side(s, s->why, 0, a, b, lo, hi, h, 1);
+                    why_side(s, s->why, 1, a, b, lo, hi, h, 1);
+                } else {
+                    why_side(s, s->why, side, a, b, lo, hi, h, fail || wide);
+                    if (both)
+                        why_limit(s, s->why, side, a, b, lo, hi, h, wide);
+                    if (both && !fail && !wide)
+                        why_barred(s, s->why, side, side ? b : a, h);
+                    else if (!fail)
+                        why_cands(s, s->why, side, side ? b : a, h);
+                }
                 return 0;
-            if (both && side == 0 && b - a > 2 && !basin_fits(s, a, b, (hl < hr ? hl : hr) - h))
-                return 0;
-            size_t k = cell_cands(s, side, side ? b : a, h, both, side ? a : b, NULL);
-            if (k == 0)
-                return 0;
+            }
             /* Ties: forwards in time to the lowest stretch, backwards to the leftmost. Leftmost
              * only, the search could hop between pieces tiled side by side under an address cut
              * (no time cut splits them: items above the cut cross), so a dead end in one was
@@ -298,8 +506,11 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
         }
         a = b;
     }
-    if (best == SIZE_MAX)
-        return 0; /* cannot happen: the lowest stretch has walls both sides */
+    if (best == SIZE_MAX) { /* cannot happen: the lowest stretch has walls both sides */
+        why_clear(s);
+        why_add(s, s->why, W_ALL, 0, s->c->slots, 0);
+        return 0;
+    }
     uint64_t h = s->floor[ba];
     size_t base = s->ncand;
     if (base + best > s->capcand) {
@@ -326,8 +537,20 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
         cs[y] = v;
     }
     size_t rot = s->restart && k ? (size_t)(mix(s->restart * 1000003u + s->nodes) % k) : 0;
-    int st = 0;
-    for (size_t x = 0; x < k && st == 0; x++) {
+    /* This node fails, when every candidate fails, for the placements that make the cell a wall
+     * cell with these candidates, and for those that made each candidate fail but the candidate
+     * itself. A candidate failing for placements made before it (not for itself) fails this
+     * node at once: the other candidates meet the same cause (backjumping). */
+    size_t L = s->nplaced;
+    uint64_t *acc = s->acc ? s->acc + L * s->nw : NULL;
+    if (acc) {
+        memset(acc, 0, s->nw * sizeof *acc);
+        why_side(s, acc, bside, ba, bb, lo, hi, h, 0);
+        why_limit(s, acc, bside, ba, bb, lo, hi, h, 0);
+        why_barred(s, acc, bside, bside ? bb : ba, h);
+    }
+    int st = 0, jumped = 0;
+    for (size_t x = 0; x < k && st == 0 && !jumped; x++) {
         uint32_t i = cs[(x + rot) % k];
         const plan_item *it = &s->items[i];
         int dup = 0; /* an identical item already tried here */
@@ -337,12 +560,41 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
         }
         if (dup)
             continue;
-        size_t mark = s->nplaced;
+        size_t fmark = s->nforb;
+        for (size_t y = 0; acc && y < x; y++) { /* the refuted ones with i's lifetime: not on i */
+            uint32_t j = cs[(y + rot) % k];
+            const plan_item *o = &s->items[j];
+            if (o->lo != it->lo || o->hi != it->hi || o->size == it->size || (h + it->size) % o->align)
+                continue;
+            if (s->nforb == s->capforb) {
+                size_t nc = 2 * s->capforb + 16;
+                struct tile_forb *nf = realloc(s->forb, nc * sizeof *nf);
+                if (!nf)
+                    break; /* fewer bars: only less pruning */
+                s->forb = nf;
+                s->capforb = nc;
+            }
+            s->forb[s->nforb++] = (struct tile_forb){j, (uint32_t)L, h + it->size};
+            s->forb_cnt[j]++;
+        }
         tile_put(s, i, h);
         st = tile_dfs(s, lo, hi);
         if (st != 1)
-            tile_undo(s, mark);
+            tile_undo(s, L);
+        while (s->nforb > fmark)
+            s->forb_cnt[s->forb[--s->nforb].item]--;
+        if (st == 0 && acc) {
+            if (!(s->why[L / 64] >> (L % 64) & 1)) {
+                jumped = 1; /* s->why stands for this node too */
+                continue;
+            }
+            s->why[L / 64] &= ~(UINT64_C(1) << (L % 64));
+            for (size_t w = 0; w < s->nw; w++)
+                acc[w] |= s->why[w];
+        }
     }
+    if (st == 0 && acc && !jumped)
+        memcpy(s->why, acc, s->nw * sizeof *acc);
     s->ncand = base;
     return st;
 }
@@ -385,6 +637,14 @@ static void ts_free(ts *s)
     free(s->cuts);
     free(s->memo);
     free(s->fw);
+    free(s->why);
+    free(s->acc);
+    free(s->lvl);
+    free(s->col_start);
+    free(s->col_n);
+    free(s->col);
+    free(s->forb);
+    free(s->forb_cnt);
     free((void *)s->items);
 }
 
@@ -409,6 +669,31 @@ static int ts_init(ts *s, const plan_ctx *c, int o)
     s->cuts = calloc(S, sizeof *s->cuts);
     s->memo = calloc(TILE_MEMO, sizeof *s->memo);
     s->fw = calloc(S + 1, sizeof *s->fw);
+    s->nw = (n + 63) / 64;
+    if (n <= TILE_CBJ_MAX) {
+        size_t cells = 0;
+        for (size_t i = 0; i < n; i++)
+            cells += c->items[i].hi - c->items[i].lo;
+        s->why = calloc(s->nw, sizeof *s->why);
+        s->acc = calloc((n + 1) * s->nw, sizeof *s->acc);
+        s->lvl = calloc(n, sizeof *s->lvl);
+        s->col_start = calloc(S + 1, sizeof *s->col_start);
+        s->col_n = calloc(S, sizeof *s->col_n);
+        s->col = malloc((cells ? cells : 1) * sizeof *s->col);
+        s->forb_cnt = calloc(n, sizeof *s->forb_cnt);
+        if (!s->why || !s->acc || !s->lvl || !s->col_start || !s->col_n || !s->col || !s->forb_cnt) {
+            free(s->forb_cnt);
+            s->forb_cnt = NULL;
+            free(s->why); /* chronological backtracking then */
+            free(s->acc);
+            free(s->lvl);
+            free(s->col_start);
+            free(s->col_n);
+            free(s->col);
+            s->why = s->acc = NULL;
+            s->lvl = s->col_start = s->col_n = s->col = NULL;
+        }
+    }
     s->capcand = 4 * n + 16; /* grows when a path holds more */
     s->cand = malloc(s->capcand * sizeof *s->cand);
     uint32_t *fl = calloc(S + 1, sizeof *fl), *fh = calloc(S + 1, sizeof *fh);
@@ -434,6 +719,13 @@ static int ts_init(ts *s, const plan_ctx *c, int o)
     for (size_t i = 0; i < n; i++) {
         s->lo_list[s->lo_start[items[i].lo] + fl[items[i].lo]++] = (uint32_t)i;
         s->hi_list[s->hi_start[items[i].hi] + fh[items[i].hi]++] = (uint32_t)i;
+    }
+    if (s->col_start) { /* a slot's column holds at most the items live there */
+        for (size_t i = 0; i < n; i++)
+            for (uint32_t t = items[i].lo; t < items[i].hi; t++)
+                s->col_start[t + 1]++;
+        for (size_t t = 0; t < S; t++)
+            s->col_start[t + 1] += s->col_start[t];
     }
 out:
     free(fl);
@@ -468,6 +760,8 @@ static void tile_step(tile_run *x)
         s->pos[i] = UINT64_MAX;
     memset(s->floor, 0, S * sizeof *s->floor);
     memset(s->cuts, 0, S * sizeof *s->cuts);
+    if (s->col_n)
+        memset(s->col_n, 0, S * sizeof *s->col_n);
     memset(s->fw, 0, (S + 1) * sizeof *s->fw);
     for (uint32_t t = 0; t < (uint32_t)S; t++)
         fw_xor(s, t, zfloor(t, 0));
