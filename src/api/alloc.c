@@ -307,6 +307,10 @@ static int malloc_expandable(vmm_allocator *a, vmm_stream_rec *sr, int pool, siz
             vmm_events_process(a);
             got = vmm_seg_reclaim(a, SIZE_MAX);
         } else if (attempt == 3) {
+            /* a free block that fits, turned down by lifetime_split (pool.c, "Lifetimes"), before
+             * running out or waiting: placement gives way to memory */
+            if (pool == VMM_LARGE && !a->cur_mp && (*out = vmm_pool_fit_any(a, sr, pool, size)) != NULL)
+                return VMM_OK;
             /* last resort: wait for the events guarding the memory we need; never while a
              * capture is underway (capture.c): it fails clearly instead */
             if (vmm_capture_no_sync(a, sr->stream)) {

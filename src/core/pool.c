@@ -468,12 +468,15 @@ static inline vmm_block *best_fit(vmm_allocator *a, vmm_block *root, vmm_stream 
 /* Best fit in lane sr (key s) for a request predicted to stay ("Lifetimes"): before the lane has
  * split, the lane's best fit unless it would leave a sliver between blocks (then the lane splits
  * and NULL: the request grows a longlived segment); after, the best fit among longlived segments'
- * free blocks, NULL past LIFE_SCAN others. *fitted cleared when the answer is not the lower bound
- * (pool_take may then not carve it in its index slot). */
+ * free blocks, or NULL when none fits (a longlived segment grows). Past LIFE_SCAN blocks of other
+ * segments the lane's best fit after all: growth would not find the longlived block further on
+ * either (a free block that fits alone is no growth target) and would reserve a new segment per
+ * request. *fitted cleared when the answer is not the lower bound (pool_take may then not carve
+ * it in its index slot). */
 static vmm_block *best_fit_long(vmm_allocator *a, vmm_stream_rec *sr, vmm_block *root, vmm_stream s,
                                 size_t size, int *fitted)
 {
-    vmm_block *b = best_fit(a, root, s, size);
+    vmm_block *b = best_fit(a, root, s, size), *b0 = b;
     if (!b)
         return NULL;
     if (!sr->life_split) {
@@ -484,17 +487,27 @@ static vmm_block *best_fit_long(vmm_allocator *a, vmm_stream_rec *sr, vmm_block 
         sr->life_split = 1;
         return NULL;
     }
+    size_t max_split = a->cfg.max_split_size;
     for (int n = 0; b->seg->longlived != 1; n++) {
-        *fitted = 0;
         b = vmm_tree_next(root, b);
-        if (n == LIFE_SCAN || !b || b->seg->key != s)
+        if (!b || b->seg->key != s)
             return NULL;
-        /* best_fit's rule for oversize requests, which holds for every larger block */
-        if (a->cfg.max_split_size != SIZE_MAX && size >= a->cfg.max_split_size &&
-            b->size - size >= a->cfg.max_non_split_rounding)
+        if (n == LIFE_SCAN)
+            return b0;
+        *fitted = 0;
+        /* best_fit's rules, which hold for every larger block: oversize blocks for oversize
+         * requests only, and no more than max_non_split_rounding wasted on one */
+        if (max_split != SIZE_MAX && size < max_split && b->size >= max_split)
+            return NULL;
+        if (max_split != SIZE_MAX && size >= max_split && b->size - size >= a->cfg.max_non_split_rounding)
             return NULL;
     }
     return b;
+}
+
+vmm_block *vmm_pool_fit_any(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size)
+{
+    return sr ? best_fit(a, sr->free_tree[pool], sr->key, size) : NULL;
 }
 
 void vmm_block_split_into(vmm_block *b, vmm_block *r, size_t size)

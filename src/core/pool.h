@@ -18,6 +18,10 @@ void vmm_block_delete(vmm_allocator *a, vmm_block *b);
  * -1 when the rule does not apply (lifetime_split off, classic segments, small pool, no lane).
  * Lane's lock or the allocator's held. */
 int vmm_pool_long_lived(const vmm_allocator *a, vmm_stream_rec *sr, size_t size);
+/* The best fit for `size` (rounded) among lane sr's free blocks of `pool`, whatever lifetime_split
+ * predicts (NULL when none fits): what malloc takes before it waits on events for memory. Lane's
+ * lock or the allocator's held. */
+vmm_block *vmm_pool_fit_any(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size);
 /* Whether lane sr has split: its requests predicted to stay go to its longlived segments, the
  * others' growth to its other segments. */
 int vmm_pool_life_split(const vmm_stream_rec *sr);

@@ -444,6 +444,54 @@ static void test_big_temporaries(void)
     vmm_destroy(a);
 }
 
+/* lifetime_split must not cost memory: a request predicted to stay whose best fit it turns down
+ * takes that block when the device is full (no OOM while a free block fits), the longlived scan
+ * gives up on the lane's best fit past many other blocks (no new segment per request). */
+static void life_full_device(void)
+{
+    vmm_allocator *a = NULL;
+    CHECK_OK(vmm_create("driver:sim,sim_capacity:12M,sim_backed:false,ipc:false", &a));
+    if (!a)
+        return;
+    void *l, *h, *r, *x1, *x2 = NULL, *x3 = NULL;
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &l));
+    CHECK_OK(vmm_malloc(a, 5 * MiB / 4, NULL, &h));
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &r));
+    CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x1));
+    CHECK_OK(vmm_free(a, h)); /* a 1.25 MiB hole between live blocks; no whole idle page anywhere */
+    CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x2)); /* predicted to stay; fits the hole */
+    CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x3)); /* and the run's tail */
+    CHECK_OK(vmm_check(a));
+    void *p[] = {l, r, x1, x2, x3};
+    for (int i = 0; i < 5; i++)
+        CHECK_OK(vmm_free(a, p[i]));
+    vmm_destroy(a);
+}
+
+static void life_many_holes(void)
+{
+    enum { HOLES = 66, N = 40 };
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    static void *h[HOLES], *sep[HOLES], *x[N];
+    void *l;
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &l));
+    for (int i = 0; i < HOLES; i++) {
+        CHECK_OK(vmm_malloc(a, 5 * MiB / 4, NULL, &h[i]));
+        CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &sep[i]));
+    }
+    CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x[0]));
+    for (int i = 0; i < HOLES; i++)
+        CHECK_OK(vmm_free(a, h[i])); /* 66 holes of 1.25 MiB between live blocks */
+    for (int i = 1; i < N; i++)
+        CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x[i])); /* the size stays: all live */
+    vmm_stats st = vmm_test_stats(a);
+    CHECK(st.segment[VMM_POOL_LARGE].current <= 2); /* 21 before the fix */
+    CHECK_OK(vmm_check(a));
+    vmm_destroy(a); /* live blocks reported, all memory returned */
+}
+
 int main(void)
 {
     test_small_job();
@@ -454,6 +502,8 @@ int main(void)
     test_run_end();
     grow_beside_idle(12, 18); /* the request ends inside U: all of B idle */
     grow_beside_idle(20, 22); /* it reaches 2 MiB into B: the other 18 MiB idle */
+    life_full_device();
+    life_many_holes();
     test_scattered_caches();
     test_offload_streams();
     test_large_sliver();
