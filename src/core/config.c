@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +35,18 @@ typedef int (*opt_format_fn)(const vmm_config *c, char *buf, size_t len);
 
 typedef struct option_desc {
     const char *key;
-    opt_parse_fn parse;
+    opt_parse_fn parse;  /* NULL: a true/false key, the int at `flag` */
     opt_format_fn format;
-    const char *doc; /* shown by docs; default included */
+    const char *doc;     /* shown by docs; default included */
+    size_t flag;         /* true/false keys: offsetof the int in vmm_config (FLAG) */
 } option_desc;
+
+/* The options table's entries: a key with its parser and formatter, or a true/false key and its
+ * field (an int in vmm_config: anything else is refused at compile time). */
+#define OPT(key, parse, format, doc) {key, parse, format, doc, 0}
+#define FLAG_OPT(key, field, doc)                                                                  \
+    {key, NULL, NULL, doc,                                                                         \
+     offsetof(vmm_config, field) + 0 * sizeof(_Generic(((vmm_config *)0)->field, int: 1))}
 
 /* ---- value parsers ------------------------------------------------------------------------- */
 
@@ -69,6 +78,18 @@ static int parse_bool(const char *key, token v, int *out)
         return VMM_OK;
     }
     return bad_value(key, v, "true or false");
+}
+
+static int opt_parse(const option_desc *o, vmm_config *c, token v)
+{
+    return o->parse ? o->parse(c, o->key, v) : parse_bool(o->key, v, (int *)((char *)c + o->flag));
+}
+
+static int opt_format(const option_desc *o, const vmm_config *c, char *b, size_t n)
+{
+    if (o->format)
+        return o->format(c, b, n);
+    return snprintf(b, n, "%s", *(const int *)((const char *)c + o->flag) ? "true" : "false");
 }
 
 /* Unsigned decimal integer, whole token, no overflow. */
@@ -233,15 +254,6 @@ static int p_ipc(vmm_config *c, const char *key, token v)
 static int f_ipc(const vmm_config *c, char *b, size_t n)
 {
     return snprintf(b, n, "%s", c->ipc < 0 ? "auto" : c->ipc ? "true" : "false");
-}
-
-static int p_expandable(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->expandable_segments);
-}
-static int f_expandable(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->expandable_segments ? "true" : "false");
 }
 
 static int p_max_split(vmm_config *c, const char *key, token v)
@@ -413,42 +425,6 @@ static int f_thread_cache(const vmm_config *c, char *b, size_t n)
     return format_size(b, n, c->thread_cache);
 }
 
-static int p_grow_unlocked(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->grow_unlocked);
-}
-static int f_grow_unlocked(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->grow_unlocked ? "true" : "false");
-}
-
-static int p_lanes(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->lanes);
-}
-static int f_lanes(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->lanes ? "true" : "false");
-}
-
-static int p_depot(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->depot);
-}
-static int f_depot(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->depot ? "true" : "false");
-}
-
-static int p_life(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->lifetime_split);
-}
-static int f_life(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->lifetime_split ? "true" : "false");
-}
-
 static int p_small_page(vmm_config *c, const char *key, token v)
 {
     return parse_pow2_size(key, v, &c->small_page_size);
@@ -504,47 +480,6 @@ static int f_sim_gran(const vmm_config *c, char *b, size_t n)
 {
     return format_size(b, n, c->sim.granularity);
 }
-static int p_sim_backed(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->sim.backed);
-}
-static int f_sim_backed(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->sim.backed ? "true" : "false");
-}
-static int p_sim_rt_create(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->sim.real_time_create);
-}
-static int f_sim_rt_create(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->sim.real_time_create ? "true" : "false");
-}
-static int p_sim_rt(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->sim.real_time);
-}
-static int f_sim_rt(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->sim.real_time ? "true" : "false");
-}
-static int p_sim_vmm(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->sim.vmm_supported);
-}
-static int f_sim_vmm(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->sim.vmm_supported ? "true" : "false");
-}
-static int p_sim_cost_model(vmm_config *c, const char *key, token v)
-{
-    return parse_bool(key, v, &c->sim.cost_model);
-}
-static int f_sim_cost_model(const vmm_config *c, char *b, size_t n)
-{
-    return snprintf(b, n, "%s", c->sim.cost_model ? "true" : "false");
-}
-
 static int call_kind_from_token(token v) { return vmm_sim_call_kind(v.s, v.len); }
 
 /* [kind:ns,kind:ns] overrides modeled costs of the listed call kinds. */
@@ -672,60 +607,60 @@ static int f_sim_fault_seed(const vmm_config *c, char *b, size_t n)
 
 /* Every key, in the order vmm_config_format prints them. */
 static const option_desc options[] = {
-    {"driver", p_driver, f_driver, "cuda|sim: the real GPU through libcuda.so.1, or the simulated device (default cuda)"},
-    {"device", p_device, f_device, "device ordinal (default 0)"},
-    {"peer_access", p_peers, f_peers,
-     "devices granted access to this allocator's expandable memory: all (every peer the driver allows), none, or [1,2] (default all)"},
-    {"expandable_segments", p_expandable, f_expandable,
-     "true: VA ranges that grow by mapping pages; false: classic cuMemAlloc segments (default true)"},
-    {"ipc", p_ipc, f_ipc,
-     "pages exportable to other processes (vmm_ipc_get_handle): true, false, or auto: where the device supports POSIX file descriptor handles (default auto)"},
-    {"max_split_size_mb", p_max_split, f_max_split,
-     "blocks at least this large are never split; must be > 20 (default unlimited)"},
-    {"max_non_split_rounding_mb", p_non_split, f_non_split,
-     "an oversize request may take a cached block up to this much larger (default 20)"},
-    {"roundup_power2_divisions", p_pow2, f_pow2,
-     "round sizes up to N steps per power-of-two interval; N or [64:8,256:4,>:1] (default 0: 512 B steps)"},
-    {"garbage_collection_threshold", p_gc, f_gc,
-     "with a memory fraction below 1, free old cached blocks once reserved bytes pass this share of it (default 0: off)"},
-    {"per_process_memory_fraction", p_fraction, f_fraction,
-     "cap on reserved bytes, as a share of device memory (default 1)"},
-    {"small_page_size", p_small_page, f_small_page,
-     "bytes per mapped page in the small pool, a multiple of the granularity (default 2M)"},
-    {"large_page_size", p_large_page, f_large_page,
-     "bytes per mapped page in the large pool, a multiple of the granularity (default 2M)"},
-    {"max_handle_size", p_max_handle, f_max_handle,
-     "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 2M: one handle per page; 20M: ~1/7 the driver time, up to 2% more held)"},
-    {"thread_cache", p_thread_cache, f_thread_cache,
-     "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; more (a power of two near 1/512) once the small pool's allocated bytes exceed 512 times this; 0 turns it off (default 4M)"},
-    {"grow_unlocked", p_grow_unlocked, f_grow_unlocked,
-     "true: a growth creates its physical handles with the allocator lock released, so other threads' mallocs and frees do not wait for cuMemCreate; false keeps the lock across it (default true)"},
-    {"lanes", p_lanes, f_lanes,
-     "true: once two threads use the allocator, a cached malloc or free of the small pool takes only its stream's lock (a lane), so threads on their own streams do not queue on the allocator lock; false keeps one lock (default true)"},
-    {"thread_cache_depot", p_depot, f_depot,
-     "true: while lanes are open, a thread that frees more small blocks than it allocates passes its full bins to a depot that other threads' mallocs take from, instead of back to their stream's pool under its lock (producer / consumer threads); false gives them back (default true)"},
-    {"lifetime_split", p_life, f_life,
-     "true: with expandable segments, a large request of a size most of whose blocks in its stream are still live (a tensor that stays) is placed in a segment of its own, apart from short-lived ones, so that it does not leave slivers in their holes; false: one best fit (default true)"},
-    {"sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"},
-    {"sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"},
-    {"sim_backed", p_sim_backed, f_sim_backed,
-     "true: simulated memory is real host memory; false: accounting only (default true)"},
-    {"sim_vmm_supported", p_sim_vmm, f_sim_vmm,
-     "false simulates a device without virtual memory management (default true)"},
-    {"sim_cost_model", p_sim_cost_model, f_sim_cost_model,
-     "add modeled driver-call costs to sim.driver_time_ns (default true)"},
-    {"sim_cost_ns", p_sim_cost, f_sim_cost,
-     "override modeled costs, [kind:ns,...] (defaults from measured CUDA costs; see docs)"},
-    {"sim_cost_file", p_sim_cost_file, f_sim_cost_file,
-     "JSON file whose \"sim_cost_table\" ([kind, size_bytes, ns] items; size 0: flat) sets modeled costs, by size where sized, e.g. the costs.json of tools/gpu-check (default none: the built-in model)"},
-    {"sim_real_time_create", p_sim_rt_create, f_sim_rt_create,
-     "true: each mem_create also takes its modeled cost in real time (a sleep, no lock held), for concurrency tests (default false)"},
-    {"sim_real_time", p_sim_rt, f_sim_rt,
-     "true: every call takes its modeled cost in real time (a sleep, no lock held), for what other threads wait for (default false)"},
-    {"sim_fault_kind", p_sim_fault_kind, f_sim_fault_kind,
-     "call kind that fails at random: none, all or a kind such as mem_map (default none)"},
-    {"sim_fault_p", p_sim_fault_p, f_sim_fault_p, "probability that such a call fails (default 0)"},
-    {"sim_fault_seed", p_sim_fault_seed, f_sim_fault_seed, "seed of the fault generator (default 1)"},
+    OPT("driver", p_driver, f_driver, "cuda|sim: the real GPU through libcuda.so.1, or the simulated device (default cuda)"),
+    OPT("device", p_device, f_device, "device ordinal (default 0)"),
+    OPT("peer_access", p_peers, f_peers,
+     "devices granted access to this allocator's expandable memory: all (every peer the driver allows), none, or [1,2] (default all)"),
+    FLAG_OPT("expandable_segments", expandable_segments,
+     "true: VA ranges that grow by mapping pages; false: classic cuMemAlloc segments (default true)"),
+    OPT("ipc", p_ipc, f_ipc,
+     "pages exportable to other processes (vmm_ipc_get_handle): true, false, or auto: where the device supports POSIX file descriptor handles (default auto)"),
+    OPT("max_split_size_mb", p_max_split, f_max_split,
+     "blocks at least this large are never split; must be > 20 (default unlimited)"),
+    OPT("max_non_split_rounding_mb", p_non_split, f_non_split,
+     "an oversize request may take a cached block up to this much larger (default 20)"),
+    OPT("roundup_power2_divisions", p_pow2, f_pow2,
+     "round sizes up to N steps per power-of-two interval; N or [64:8,256:4,>:1] (default 0: 512 B steps)"),
+    OPT("garbage_collection_threshold", p_gc, f_gc,
+     "with a memory fraction below 1, free old cached blocks once reserved bytes pass this share of it (default 0: off)"),
+    OPT("per_process_memory_fraction", p_fraction, f_fraction,
+     "cap on reserved bytes, as a share of device memory (default 1)"),
+    OPT("small_page_size", p_small_page, f_small_page,
+     "bytes per mapped page in the small pool, a multiple of the granularity (default 2M)"),
+    OPT("large_page_size", p_large_page, f_large_page,
+     "bytes per mapped page in the large pool, a multiple of the granularity (default 2M)"),
+    OPT("max_handle_size", p_max_handle, f_max_handle,
+     "largest physical handle in the large pool: growth maps handles sized by need, whole pages up to this (fewer driver calls); at most large_page_size: one handle per page; exportable pages (ipc) are one per handle (default 2M: one handle per page; 20M: ~1/7 the driver time, up to 2% more held)"),
+    OPT("thread_cache", p_thread_cache, f_thread_cache,
+     "bytes of small blocks (up to 64K) each thread keeps for its own next mallocs, taking no lock other threads need; more (a power of two near 1/512) once the small pool's allocated bytes exceed 512 times this; 0 turns it off (default 4M)"),
+    FLAG_OPT("grow_unlocked", grow_unlocked,
+     "true: a growth creates its physical handles with the allocator lock released, so other threads' mallocs and frees do not wait for cuMemCreate; false keeps the lock across it (default true)"),
+    FLAG_OPT("lanes", lanes,
+     "true: once two threads use the allocator, a cached malloc or free of the small pool takes only its stream's lock (a lane), so threads on their own streams do not queue on the allocator lock; false keeps one lock (default true)"),
+    FLAG_OPT("thread_cache_depot", depot,
+     "true: while lanes are open, a thread that frees more small blocks than it allocates passes its full bins to a depot that other threads' mallocs take from, instead of back to their stream's pool under its lock (producer / consumer threads); false gives them back (default true)"),
+    FLAG_OPT("lifetime_split", lifetime_split,
+     "true: with expandable segments, a large request of a size most of whose blocks in its stream are still live (a tensor that stays) is placed in a segment of its own, apart from short-lived ones, so that it does not leave slivers in their holes; false: one best fit (default true)"),
+    OPT("sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"),
+    OPT("sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"),
+    FLAG_OPT("sim_backed", sim.backed,
+     "true: simulated memory is real host memory; false: accounting only (default true)"),
+    FLAG_OPT("sim_vmm_supported", sim.vmm_supported,
+     "false simulates a device without virtual memory management (default true)"),
+    FLAG_OPT("sim_cost_model", sim.cost_model,
+     "add modeled driver-call costs to sim.driver_time_ns (default true)"),
+    OPT("sim_cost_ns", p_sim_cost, f_sim_cost,
+     "override modeled costs, [kind:ns,...] (defaults from measured CUDA costs; see docs)"),
+    OPT("sim_cost_file", p_sim_cost_file, f_sim_cost_file,
+     "JSON file whose \"sim_cost_table\" ([kind, size_bytes, ns] items; size 0: flat) sets modeled costs, by size where sized, e.g. the costs.json of tools/gpu-check (default none: the built-in model)"),
+    FLAG_OPT("sim_real_time_create", sim.real_time_create,
+     "true: each mem_create also takes its modeled cost in real time (a sleep, no lock held), for concurrency tests (default false)"),
+    FLAG_OPT("sim_real_time", sim.real_time,
+     "true: every call takes its modeled cost in real time (a sleep, no lock held), for what other threads wait for (default false)"),
+    OPT("sim_fault_kind", p_sim_fault_kind, f_sim_fault_kind,
+     "call kind that fails at random: none, all or a kind such as mem_map (default none)"),
+    OPT("sim_fault_p", p_sim_fault_p, f_sim_fault_p, "probability that such a call fails (default 0)"),
+    OPT("sim_fault_seed", p_sim_fault_seed, f_sim_fault_seed, "seed of the fault generator (default 1)"),
 };
 
 void vmm_config_defaults(vmm_config *c)
@@ -808,7 +743,7 @@ int vmm_config_parse(vmm_config *c, const char *conf)
                 o = &options[i];
         if (!o)
             return vmm_fail(VMM_ECONFIG, "config: unknown key '%s'", name);
-        int rc = o->parse(&tmp, o->key, val);
+        int rc = opt_parse(o, &tmp, val);
         if (rc != VMM_OK)
             return rc;
     }
@@ -866,7 +801,7 @@ static int parse_torch_env(vmm_config *c, const char *var, const char *env)
             return vmm_fail(VMM_ECONFIG, "%s: config: item '%s' has no ':value'", var, name);
         const option_desc *o = option_by_name(key);
         if (key_in(key, torch_shared_keys, sizeof torch_shared_keys / sizeof torch_shared_keys[0]) >= 0 && o) {
-            int rc = o->parse(c, o->key, val);
+            int rc = opt_parse(o, c, val);
             if (rc != VMM_OK) {
                 char msg[512];
                 snprintf(msg, sizeof msg, "%s", vmm_last_error());
@@ -933,7 +868,7 @@ int vmm_config_format(const vmm_config *c, char *buf, size_t len)
     size_t w = 0;
     for (size_t i = 0; i < sizeof options / sizeof options[0]; i++) {
         char val[1024];
-        options[i].format(c, val, sizeof val);
+        opt_format(&options[i], c, val, sizeof val);
         int n = snprintf(buf + (w < len ? w : len), w < len ? len - w : 0, "%s%s:%s", i ? "," : "",
                          options[i].key, val);
         w += (size_t)n;
