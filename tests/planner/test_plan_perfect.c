@@ -48,6 +48,32 @@ static vmm_plan_result best(vmm_plan_buffer *b, size_t n)
     return r;
 }
 
+/* The tiling search (one thread) tiles the generator's 1000-buffer instance of `style` and `seed`
+ * within `nodes` nodes. */
+static void tiles_within(int style, uint64_t seed, uint64_t nodes)
+{
+    enum { BIG = 1000 };
+    vmm_plan_buffer *g = calloc(BIG, sizeof *g);
+    uint64_t *go = calloc(BIG, sizeof *go), gn = 0;
+    CHECK(g && go);
+    if (!g || !go) {
+        free(go);
+        free(g);
+        return;
+    }
+    CHECK_OK(vmm_plan_generate(style, BIG, seed, g));
+    plan_ctx gc;
+    CHECK_OK(plan_ctx_build(&gc, g, BIG));
+    int gf = -1;
+    CHECK_OK(plan_tile(&gc, plan_now() + 240, nodes, 1, go, NULL, &gn, &gf));
+    CHECK_EQ(gf, 1);
+    printf("style %d, 1000/%llu: found %d, %llu nodes\n", style, (unsigned long long)seed, gf,
+           (unsigned long long)gn);
+    plan_ctx_free(&gc);
+    free(go);
+    free(g);
+}
+
 int main(void)
 {
     for (int style = 0; style < VMM_PLAN_GEN_COUNT; style++)
@@ -120,22 +146,7 @@ int main(void)
     /* Guillotine 1000/43 (docs/planner.md): two pieces tiled side by side under an address cut.
      * Branching ties to the leftmost stretch only left it untiled in 2,000,000 nodes (and in 5 s);
      * ties to the lowest stretch in the forward direction tile it. */
-    {
-        enum { BIG = 1000 };
-        vmm_plan_buffer *g = calloc(BIG, sizeof *g);
-        uint64_t *go = calloc(BIG, sizeof *go), gn = 0;
-        CHECK(g && go);
-        CHECK_OK(vmm_plan_generate(VMM_PLAN_GEN_GUILLOTINE, BIG, 43, g));
-        plan_ctx gc;
-        CHECK_OK(plan_ctx_build(&gc, g, BIG));
-        int gf = -1;
-        CHECK_OK(plan_tile(&gc, plan_now() + 240, 2000000, 1, go, NULL, &gn, &gf));
-        CHECK_EQ(gf, 1);
-        printf("guillotine 1000/43: found %d, %llu nodes\n", gf, (unsigned long long)gn);
-        plan_ctx_free(&gc);
-        free(go);
-        free(g);
-    }
+    tiles_within(VMM_PLAN_GEN_GUILLOTINE, 43, 2000000);
 
     /* Backjumping and the swap bars only skip what cannot tile: every small instance (all four
      * styles, 8-55 items, 40 seeds each; each has a tiling, its cut) is tiled, none is given up as
@@ -170,22 +181,7 @@ int main(void)
 
     /* Alternate 1000/47: chronological backtracking (the tree before backjumping) needed
      * 1,267,731 nodes with one thread; backjumping and the swap bars tile it in 322,519. */
-    {
-        enum { BIG = 1000 };
-        vmm_plan_buffer *g = calloc(BIG, sizeof *g);
-        uint64_t *go = calloc(BIG, sizeof *go), gn = 0;
-        CHECK(g && go);
-        CHECK_OK(vmm_plan_generate(VMM_PLAN_GEN_ALTERNATE, BIG, 47, g));
-        plan_ctx gc;
-        CHECK_OK(plan_ctx_build(&gc, g, BIG));
-        int gf = -1;
-        CHECK_OK(plan_tile(&gc, plan_now() + 240, 400000, 1, go, NULL, &gn, &gf));
-        CHECK_EQ(gf, 1);
-        printf("alternate 1000/47: found %d, %llu nodes\n", gf, (unsigned long long)gn);
-        plan_ctx_free(&gc);
-        free(go);
-        free(g);
-    }
+    tiles_within(VMM_PLAN_GEN_ALTERNATE, 47, 400000);
 
     /* Not a tiling instance (a slot below the bound): the search leaves it alone. */
     vmm_plan_buffer ex[3] = {{0, 3, 4, 0, -1, 0, 0, 0, 0, 0}, {3, 9, 4, 0, -1, 0, 0, 0, 0, 0},
