@@ -138,8 +138,9 @@ static void print_json(const bench_trace *t, const char *path, const bench_repla
 {
     char name[512], steady[32] = "null";
     json_escape(name, sizeof name, base_name(path));
-    if (steady_ns(r) >= 0)
-        snprintf(steady, sizeof steady, "%.0f", steady_ns(r));
+    double sn = steady_ns(r);
+    if (sn >= 0)
+        snprintf(steady, sizeof steady, "%.0f", sn);
     printf("{\"mode\":\"%s\",\"trace\":\"%s\",\"format\":\"%s\",\"events\":%llu,\"allocations\":%u,"
            "\"capacity_bytes\":%llu,\"lower_bound_bytes\":%llu,\"peak_allocated_bytes\":%lld,"
            "\"peak_reserved_bytes\":%lld,\"reserved_over_allocated\":%.6f,\"ooms\":%llu,"
