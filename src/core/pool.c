@@ -432,7 +432,9 @@ int vmm_pool_life_split(const vmm_stream_rec *sr) { return sr->life_split; }
 static inline void life_note(vmm_block *b, int freed)
 {
     const vmm_segment *seg = b->seg;
-    if (!seg->expandable || seg->mp)
+    /* a small request in a large-pool sliver is never predicted (vmm_pool_long_lived): counting it
+     * would only take a large size's slot and restart that size's count */
+    if (!seg->expandable || seg->mp || pool_of(b->size) != VMM_LARGE)
         return;
     vmm_life_slot *l = life_slot(seg->srec, b->size);
     if (l->size != b->size) {

@@ -11,7 +11,8 @@
  * idle pages of the free block above its target that the request does not reach; on a
  * layer-by-layer forward pass the tensors that stay are kept apart from the temporaries
  * (lifetime_split), at least four pages fewer over than without, and a temporary of 256 MiB or more
- * is never taken for one that stays. */
+ * is never taken for one that stays; a small request in a large-pool sliver does not count in the
+ * large sizes' history. */
 #include <stdint.h>
 #include <string.h>
 
@@ -492,6 +493,36 @@ static void life_many_holes(void)
     vmm_destroy(a); /* live blocks reported, all memory returned */
 }
 
+/* A small request placed in a large-pool sliver is not counted in the large pool's size history
+ * (pool.c, life_note): 4 KiB shares 1.125 MiB's history slot, and counting it restarted that
+ * slot, so a second 1.125 MiB tensor (the first still live) was no longer predicted to stay. */
+static void life_small_in_sliver(void)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    void *l, *h, *r, *x1, *t, *u, *b, *s = NULL, *x2 = NULL;
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &l));
+    CHECK_OK(vmm_malloc(a, 5 * MiB / 4, NULL, &h));
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &r));
+    CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x1));
+    CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &t));
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &b));
+    CHECK_OK(vmm_free(a, t));
+    CHECK_OK(vmm_malloc(a, 5 * MiB / 2, NULL, &u)); /* a first of its size: 0.5 MiB left before b */
+    CHECK_EQ((uintptr_t)u, (uintptr_t)t);
+    CHECK_OK(vmm_malloc(a, 4 * KiB, NULL, &s)); /* no small-pool page yet: the sliver */
+    CHECK_EQ((uintptr_t)s, (uintptr_t)u + 5 * MiB / 2);
+    CHECK_OK(vmm_free(a, h)); /* a 1.25 MiB hole between live blocks */
+    CHECK_OK(vmm_malloc(a, 9 * MiB / 8, NULL, &x2)); /* predicted to stay: not into the hole */
+    CHECK((uintptr_t)x2 - (uintptr_t)l > 64 * MiB);
+    CHECK_OK(vmm_check(a));
+    void *all[] = {l, r, x1, u, b, s, x2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        CHECK_OK(vmm_free(a, all[i]));
+    vmm_destroy(a);
+}
+
 int main(void)
 {
     test_small_job();
@@ -504,6 +535,7 @@ int main(void)
     grow_beside_idle(20, 22); /* it reaches 2 MiB into B: the other 18 MiB idle */
     life_full_device();
     life_many_holes();
+    life_small_in_sliver();
     test_scattered_caches();
     test_offload_streams();
     test_large_sliver();
