@@ -390,11 +390,18 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
  * (0.375 MiB) serves no later large request: with one handle per page such slivers held 14.3 pages
  * above what was handed out at the peak of a 244 MiB pass. Online a block's lifetime is guessed
  * from its size's history in its lane: a size most of whose blocks are still live is predicted to
- * stay. Once such a request's best fit would leave a sliver (1 MiB or less, between blocks, not at
- * the end of a mapped run), the lane splits: from then on requests predicted to stay take the best
- * fit among its longlived segments' free blocks or grow one of them, and the others grow only the
- * lane's other segments (their best fit still takes any free block). The temporaries then free
- * whole runs that the next ones refill, and what stays packs end to end: 8.3 pages on that pass.
+ * stay. Once such a request's best fit, a hole between blocks (not at the end of a mapped run),
+ * would leave a sliver (1 MiB or less) or, for a request of LIFE_PARTIAL_PAGES pages or more, end
+ * inside a page that the hole's remainder then shares, the lane splits: from then on requests
+ * predicted to stay take the best fit among its longlived segments' free blocks or grow one of
+ * them, and the others grow only the lane's other segments (their best fit still takes any free
+ * block). The temporaries then free whole runs that the next ones refill, and what stays packs end
+ * to end: 4.3 pages on that pass. The partly-used-page rule is for autocast's weight copies in a
+ * bf16 forward pass (12.5 MiB copies that stay, each put into a freed 20 MiB activation's hole:
+ * 1.0523 held/handed on a 2.7B-parameter model at context 512, 1.0009 with the rule); under two
+ * pages, a request's many partly used pages are mostly activations' that later small requests
+ * fill, and splitting on them cost a forward pass 0.0008 of smallest capacity (docs/benchmarks.md,
+ * "Handle sizes").
  * Splitting every lane from the start (a second segment at once) got to 2.3 pages there but cost
  * the traces of 1 GB or more up to two pages each, past the smallest-capacity target on three
  * (docs/benchmarks.md, "Handle sizes"). A request of LIFE_BIG or more is never predicted to stay:
@@ -405,15 +412,48 @@ void vmm_pool_erase(vmm_allocator *a, vmm_block *b)
  * only. */
 
 enum {
-    LIFE_SLIVER = 1 << 20, /* a free remainder no large request fits (the large pool's floor) */
-    LIFE_SCAN = 64,        /* longlived candidates looked at past other segments' blocks */
+    LIFE_SLIVER = 1 << 20,  /* a free remainder no large request fits (the large pool's floor) */
+    LIFE_PARTIAL_PAGES = 2, /* requests this many pages or more split the lane on a partly used page */
+    LIFE_SCAN = 64,         /* longlived candidates looked at past other segments' blocks */
+    LIFE_PROBE = 8,         /* slots a size may take, from its hash on (the table's window) */
 };
+_Static_assert((VMM_LIFE_SLOTS & (VMM_LIFE_SLOTS - 1)) == 0 && (int)LIFE_PROBE <= (int)VMM_LIFE_SLOTS,
+               "life table: a power of two, at least one window");
 #define LIFE_BIG ((size_t)256 << 20) /* requests this large are never predicted to stay */
 
-static inline vmm_life_slot *life_slot(vmm_stream_rec *sr, size_t size)
+/* The history is keyed by the exact size. It was a direct-mapped table of 32 slots, where 12.5, 20
+ * and 50 MiB shared one: every 20 MiB temporary restarted the count of the 12.5 MiB weight copies
+ * that stay, so none was ever predicted to stay. Now a size takes a slot in a window of LIFE_PROBE
+ * from its hash, a new one the window's empty slot or the one counted least recently; a lane with
+ * more than VMM_LIFE_SLOTS large sizes forgets the stalest. */
+static inline size_t life_hash(size_t size)
 {
-    /* 32 slots by a Fibonacci hash of the size in 512-byte units; a collision restarts the count */
-    return &sr->life[((uint64_t)size >> 9) * 0x9E3779B97F4A7C15ull >> 59];
+    uint64_t x = (uint64_t)size >> 9; /* large sizes are multiples of 512 */
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return (size_t)(x ^ (x >> 31));
+}
+
+/* Size's slot in sr's history, or NULL when it has none; with insert, a slot (emptied) for a size
+ * that has none. */
+static vmm_life_slot *life_find(vmm_stream_rec *sr, size_t size, int insert)
+{
+    size_t h = life_hash(size);
+    vmm_life_slot *victim = NULL;
+    for (unsigned k = 0; k < LIFE_PROBE; k++) {
+        vmm_life_slot *l = &sr->life[(h + k) & (VMM_LIFE_SLOTS - 1)];
+        if (l->size == size)
+            return l;
+        if (!insert || (victim && !victim->size))
+            continue;
+        if (!victim || !l->size || (int32_t)(l->last - victim->last) < 0) /* wraps: by difference */
+            victim = l;
+    }
+    if (!insert)
+        return NULL;
+    victim->size = size;
+    victim->n_alloc = victim->n_free = 0;
+    return victim;
 }
 
 int vmm_pool_long_lived(const vmm_allocator *a, vmm_stream_rec *sr, size_t size)
@@ -422,8 +462,8 @@ int vmm_pool_long_lived(const vmm_allocator *a, vmm_stream_rec *sr, size_t size)
         return -1;
     if (size >= LIFE_BIG)
         return 0;
-    const vmm_life_slot *l = life_slot(sr, size);
-    return l->size == size && 2ull * l->n_free < l->n_alloc;
+    const vmm_life_slot *l = life_find(sr, size, 0);
+    return l && 2ull * l->n_free < l->n_alloc;
 }
 
 int vmm_pool_life_split(const vmm_stream_rec *sr) { return sr->life_split; }
@@ -436,13 +476,10 @@ static inline void life_note(vmm_block *b, int freed)
      * would only take a large size's slot and restart that size's count */
     if (!seg->expandable || seg->mp || pool_of(b->size) != VMM_LARGE)
         return;
-    vmm_life_slot *l = life_slot(seg->srec, b->size);
-    if (l->size != b->size) {
-        if (freed)
-            return; /* its slot went to another size since */
-        l->size = b->size;
-        l->n_alloc = l->n_free = 0;
-    }
+    vmm_life_slot *l = life_find(seg->srec, b->size, !freed);
+    if (!l)
+        return; /* a free of a size forgotten since */
+    l->last = ++seg->srec->life_clock;
     if (freed) {
         if (l->n_free < l->n_alloc)
             l->n_free++;
@@ -468,8 +505,8 @@ static inline vmm_block *best_fit(vmm_allocator *a, vmm_block *root, vmm_stream 
 }
 
 /* Best fit in lane sr (key s) for a request predicted to stay ("Lifetimes"): before the lane has
- * split, the lane's best fit unless it would leave a sliver between blocks (then the lane splits
- * and NULL: the request grows a longlived segment); after, the best fit among longlived segments'
+ * split, the lane's best fit unless, in a hole between blocks, it would leave a sliver or a partly
+ * used page (then the lane splits and NULL: the request grows a longlived segment); after, the best fit among longlived segments'
  * free blocks, or NULL when none fits (a longlived segment grows). Past LIFE_SCAN blocks of other
  * segments the lane's best fit after all: growth would not find the longlived block further on
  * either (a free block that fits alone is no growth target) and would reserve a new segment per
@@ -482,9 +519,10 @@ static vmm_block *best_fit_long(vmm_allocator *a, vmm_stream_rec *sr, vmm_block 
     if (!b)
         return NULL;
     if (!sr->life_split) {
-        size_t rem = b->size - size;
+        size_t rem = b->size - size, ps = b->seg->page_size;
         int run_end = !b->next || b->next->state == VMM_BLOCK_UNMAPPED;
-        if (rem == 0 || rem > LIFE_SLIVER || run_end)
+        int partial = size >= LIFE_PARTIAL_PAGES * ps && (b->addr + size) % ps != 0;
+        if (rem == 0 || run_end || (rem > LIFE_SLIVER && !partial))
             return b;
         sr->life_split = 1;
         return NULL;

@@ -1092,15 +1092,14 @@ typedef struct recycle_cand {
 /* Growth recycles a hole between two blocks in use only when it holds at least this many whole
  * pages of idle handles. Its two edge pages stay mapped (each shared with a live neighbour), and
  * a later request of the hole's size, which would have fitted in place, grows elsewhere while the
- * edge slivers stay idle beside live blocks. With 2 MiB handles the replays held up to 1.8% more
- * than they handed out at the peak when holes of one page or more were recycled (8 MB parameters
- * of a QLoRA step, 5 MiB activations). From 2 to 5 pages the traces of 1 GB or more in
- * docs/benchmarks.md held at most 0.8% more; 4 gives the least smallest-capacity (at most
- * 1.0061x the lower bound; 3: 1.0065x, and the QLoRA step 1.0055x against 1.0046x), 5 holds GPT-2's
- * step at 1.0078 against 1.0036. A free block at the end of a mapped run (beside unmapped pages
- * or the segment's end) makes no new slivers: one whole page is enough. The OOM path
- * (vmm_seg_reclaim) takes every idle page. */
-enum { RECYCLE_MIN_PAGES = 4 };
+ * edge slivers stay idle beside live blocks. On the 59 traces in docs/benchmarks.md ("Handle
+ * sizes", with the lifetimes' partly-used-page split) holes of one page or more held a QLoRA
+ * step's smallest capacity at 1.0094x the lower bound (1.0024x with two); three or four left 2-3
+ * idle pages in each 5 and 7.5 MiB hole of a bf16 training step of a 2.7B-parameter model, which
+ * held 1.0108 with four, 1.0078 with three (1.0043 with two). A free block at the end of a mapped run (beside
+ * unmapped pages or the segment's end) makes no new slivers: one whole page is enough. The OOM
+ * path (vmm_seg_reclaim) takes every idle page. */
+enum { RECYCLE_MIN_PAGES = 2 };
 
 static int recyclable(const vmm_block *b, uintptr_t lo)
 {

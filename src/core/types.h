@@ -155,12 +155,13 @@ typedef struct vmm_fence {
     struct vmm_fence *next;
 } vmm_fence;
 
-/* Large-pool blocks of one rounded size allocated and freed in a lane (pool.c, "Lifetimes");
- * size 0: an empty slot. */
-enum { VMM_LIFE_SLOTS = 32 };
+/* Large-pool blocks of one rounded size allocated and freed in a lane (pool.c, "Lifetimes"), in
+ * an open-addressed table keyed by the exact size; size 0: an empty slot. */
+enum { VMM_LIFE_SLOTS = 128 };
 typedef struct vmm_life_slot {
     size_t size;
     uint32_t n_alloc, n_free;
+    uint32_t last;             /* the lane's life_clock when the size was last counted */
 } vmm_life_slot;
 
 struct vmm_stream_rec {
@@ -183,9 +184,11 @@ struct vmm_stream_rec {
      * so that a lane's best fit and merges touch nothing of another's */
     vmm_block *free_tree[VMM_NPOOLS];
     vmm_books bk;
-    /* pool.c, "Lifetimes": its large-pool sizes' history, and whether requests predicted to stay
-     * go to longlived segments (set once one would have left a sliver) */
+    /* pool.c, "Lifetimes": its large-pool sizes' history (life_clock counts the allocations and
+     * frees counted there), and whether requests predicted to stay go to longlived segments (set
+     * once one would have left a sliver or a partly used page in a hole) */
     vmm_life_slot life[VMM_LIFE_SLOTS];
+    uint32_t life_clock;
     int life_split;
     char pad1_[64];
 };

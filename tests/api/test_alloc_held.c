@@ -3,7 +3,7 @@
  * pages per pool more than it hands out on a small job (~95 MiB) and one page per stream on ten streams
  * driven by one thread, where handles sized by need up to 20 MiB (the default before) hold the
  * rest of a 20 MiB handle per growth; growth recycles a hole between live blocks only when it
- * holds RECYCLE_MIN_PAGES (4) whole pages, so a request of a small hole's size later fits in place,
+ * holds RECYCLE_MIN_PAGES (2) whole pages, so a request of a small hole's size later fits in place,
  * and a free block at the end of a mapped run whatever its size; one thread on ten streams holds no
  * more with its thread cache than without, and on six streams whose small blocks that stay were
  * allocated after their stream's temporaries were freed, at most two pages more; a small request
@@ -111,9 +111,9 @@ static void test_ten_streams(void)
     CHECK(res20 >= 10 * 20 * (int64_t)MiB);
 }
 
-/* Blocks A, H, B of 4 MiB each (whole pages); H freed makes a hole of two whole pages between live
- * blocks. A growth past the peak leaves it mapped, and a request of its size lands in it without a
- * growth. With H of 8 MiB (four pages) the growth takes its pages instead. */
+/* Blocks A (4 MiB), H, B (4 MiB); H freed makes a hole between live blocks. Holding one whole page
+ * (H of 2 or 3 MiB), a growth past the peak leaves it mapped, and a request of its size lands in it
+ * without a growth. With H of 4 or 8 MiB (two or four whole pages) the growth takes its pages. */
 static void hole(size_t hole_bytes, int recycled)
 {
     vmm_allocator *a = make("");
@@ -348,7 +348,7 @@ static void test_large_sliver(void)
  * cs336_silmont2000_memory_forward_bf16_128): per layer 1.125 and 4.5 MiB tensors that stay to the
  * end among 1.5 and 3 MiB temporaries, then two odd-sized outputs. Best fit put the tensors that
  * stay into the temporaries' holes, leaving 0.375 MiB slivers that no later large request fits:
- * with lifetime_split off the large pool holds 13 pages over at its peak, 8 with it (the default:
+ * with lifetime_split off the large pool holds 11 pages over at its peak, 6 with it (the default:
  * the tensors that stay go to a segment of their own once one would leave a sliver, pool.c,
  * "Lifetimes"). Sizes in units of 0.375 MiB; a layer's last temporary (slot 0) is freed at the
  * next one's end (slot 1). */
@@ -493,9 +493,9 @@ static void life_many_holes(void)
     vmm_destroy(a); /* live blocks reported, all memory returned */
 }
 
-/* A small request placed in a large-pool sliver is not counted in the large pool's size history
- * (pool.c, life_note): 4 KiB shares 1.125 MiB's history slot, and counting it restarted that
- * slot, so a second 1.125 MiB tensor (the first still live) was no longer predicted to stay. */
+/* A small request placed in a large-pool sliver does not disturb the large sizes' history (pool.c,
+ * life_note): a second 1.125 MiB tensor (the first still live) is still predicted to stay. In the
+ * direct-mapped table before, 4 KiB took 1.125 MiB's slot and restarted its count. */
 static void life_small_in_sliver(void)
 {
     vmm_allocator *a = make("");
@@ -523,12 +523,44 @@ static void life_small_in_sliver(void)
     vmm_destroy(a);
 }
 
+/* Autocast's weight copies in a bf16 forward pass: a 12.5 MiB copy that stays, put by best fit into
+ * a freed 20 MiB activation's hole, ends inside a page that the 7.5 MiB remainder shares; with
+ * lifetime_split such a request (two pages or more) splits the lane and grows a longlived segment
+ * instead (pool.c, "Lifetimes"). With `temporary`, a 20 MiB block is allocated in the hole and
+ * freed first: 12.5 and 20 MiB shared a slot of the direct-mapped history table, so the copies'
+ * count restarted and the second copy was not predicted to stay. */
+static void life_partial_page(int temporary)
+{
+    vmm_allocator *a = make("");
+    if (!a)
+        return;
+    void *l, *h, *r, *k1, *t, *k2 = NULL;
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &l));
+    CHECK_OK(vmm_malloc(a, 20 * MiB, NULL, &h));
+    CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &r));
+    CHECK_OK(vmm_malloc(a, 25 * MiB / 2, NULL, &k1)); /* a first of its size: the run's end */
+    CHECK_OK(vmm_free(a, h));                         /* a 20 MiB hole between live blocks */
+    if (temporary) {
+        CHECK_OK(vmm_malloc(a, 20 * MiB, NULL, &t));
+        CHECK_EQ((uintptr_t)t, (uintptr_t)h);
+        CHECK_OK(vmm_free(a, t));
+    }
+    CHECK_OK(vmm_malloc(a, 25 * MiB / 2, NULL, &k2)); /* predicted to stay: not into the hole */
+    CHECK((uintptr_t)k2 - (uintptr_t)l > 64 * MiB);
+    CHECK_OK(vmm_check(a));
+    void *all[] = {l, r, k1, k2};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        CHECK_OK(vmm_free(a, all[i]));
+    vmm_destroy(a);
+}
+
 int main(void)
 {
     test_small_job();
     test_ten_streams();
-    hole(4 * MiB, 0);
-    hole(6 * MiB, 0);
+    hole(2 * MiB, 0);
+    hole(3 * MiB, 0);
+    hole(4 * MiB, 1);
     hole(8 * MiB, 1);
     test_run_end();
     grow_beside_idle(12, 18); /* the request ends inside U: all of B idle */
@@ -536,6 +568,8 @@ int main(void)
     life_full_device();
     life_many_holes();
     life_small_in_sliver();
+    life_partial_page(0);
+    life_partial_page(1);
     test_scattered_caches();
     test_offload_streams();
     test_large_sliver();
