@@ -54,6 +54,12 @@ BCRAFTON = ("`memory_snapshot.pickle` from github.com/bcrafton/assignment2-syste
 OCTREE = ("from github.com/HugePandaCoder/octree-nca-groupeq (MIT), flattened to the same CSV: inference of an "
           "octree neural cellular automaton on whole-slide pathology images, coarse to fine, with few tensors of "
           "1-7 GiB.")
+NIU = ("from github.com/NiuHuangxiaozi/assignment2-systems, commit 9d868b9 (MIT), flattened to the same CSV: a small "
+       "Transformer LM (d_model 512, 4 layers, vocab 10000, batch 10) recorded from its creation on: ")
+BOLONG = ("from github.com/bolongcheng/assignment2-systems, commit 2baa5ff (MIT), flattened to the same CSV: one "
+          "forward pass (gradients on) of the XL Transformer LM after warm-up, ")
+LINYUN = ("from github.com/LINYUNLinYun/CS336-assignment2-systems, commit d7b9b89 (MIT), flattened to the same CSV: "
+          "the XL Transformer LM (d_model 2560, 32 layers, batch 4) after 5 warm-up steps, ")
 TRACE_SOURCES = {
     "cs336_bcrafton_memory_snapshot.pickle": BCRAFTON + ".",
     "cs336_bcrafton_gpt2small_compiled_trainstep.trace.csv":
@@ -102,6 +108,52 @@ TRACE_SOURCES = {
         "`my_snapshot.pickle` of commit b602628 " + OCTREE,
     "octree_nca_single_step.trace.csv":
         "`mem_snapshots/traditional_single_step.pickle` of commit 3e8aa21 (one NCA step) " + OCTREE,
+    "cs336_niu_forward_ctx100.trace.csv":
+        "`cs336_systems/profile_memory/forward_memory_snapshot_100.pickle` " + NIU + "three forward passes at context 100.",
+    "cs336_niu_train3_ctx100.trace.csv":
+        "`cs336_systems/profile_memory/forward_and_backward_memory_snapshot_100.pickle` " + NIU + "three training steps (Adam) at context 100.",
+    "cs336_niu_forward_ctx150.trace.csv":
+        "`cs336_systems/profile_memory/forward_memory_snapshot_150.pickle` " + NIU + "three forward passes at context 150.",
+    "cs336_niu_train3_ctx150.trace.csv":
+        "`cs336_systems/profile_memory/forward_and_backward_memory_snapshot_150.pickle` " + NIU + "three training steps (Adam) at context 150.",
+    "cs336_niu_forward_ctx200.trace.csv":
+        "`cs336_systems/profile_memory/forward_memory_snapshot_200.pickle` " + NIU + "three forward passes at context 200.",
+    "cs336_niu_train3_ctx200.trace.csv":
+        "`cs336_systems/profile_memory/forward_and_backward_memory_snapshot_200.pickle` " + NIU + "three training steps (Adam) at context 200.",
+    "cs336_niu_forward_ctx200_mixed.trace.csv":
+        "`cs336_systems/profile_memory/forward_memory_snapshot_200_mixed_precision.pickle` " + NIU + "three forward passes at context 200 under bf16 autocast.",
+    "cs336_niu_train3_ctx200_mixed.trace.csv":
+        "`cs336_systems/profile_memory/forward_and_backward_memory_snapshot_200_mixed_precision.pickle` " + NIU + "three training steps at context 200 under bf16 autocast.",
+    "cs336_bolongcheng_xl_forward_ctx128_fp32.trace.csv":
+        "`benchmarks/memory_snapshot_xl_fwd_cl128_dtypetorch.float32.pickle` " + BOLONG + "context 128, in fp32.",
+    "cs336_bolongcheng_xl_forward_ctx512_fp32.trace.csv":
+        "`benchmarks/memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle` " + BOLONG + "context 512, in fp32.",
+    "cs336_bolongcheng_xl_forward_ctx512_bf16.trace.csv":
+        "`benchmarks/memory_snapshot_xl_fwd_cl512_dtypetorch.bfloat16.pickle` " + BOLONG + "context 512, under bf16 autocast.",
+    "cs336_linyun_xl_forward_ctx128_fp32.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx128_forward_none.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 128 in fp32.",
+    "cs336_linyun_xl_forward_ctx128_bf16.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx128_forward_bf16.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 128 under bf16 autocast.",
+    "cs336_linyun_xl_forward_ctx512_fp32.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx512_forward_none.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 512 in fp32.",
+    "cs336_linyun_xl_forward_ctx512_bf16.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx512_forward_bf16.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 512 under bf16 autocast.",
+    "cs336_linyun_xl_forward_ctx1024_fp32.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx1024_forward_none.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 1024 in fp32.",
+    "cs336_linyun_xl_forward_ctx1024_bf16.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx1024_forward_bf16.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 1024 under bf16 autocast.",
+    "cs336_linyun_xl_forward_ctx2048_fp32.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx2048_forward_none.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 2048 in fp32.",
+    "cs336_linyun_xl_forward_ctx2048_bf16.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx2048_forward_bf16.pickle` " + LINYUN + "one inference forward pass (no_grad) at context 2048 under bf16 autocast.",
+    "cs336_linyun_xl_fullstep_ctx128_fp32.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx128_full_step_none.pickle` " + LINYUN + "one training step at context 128 in fp32.",
+    "cs336_linyun_xl_fullstep_ctx128_bf16.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx128_full_step_bf16.pickle` " + LINYUN + "one training step at context 128 under bf16 autocast.",
+    "cs336_linyun_xl_fullstep_ctx512_fp32.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx512_full_step_none.pickle` " + LINYUN + "one training step at context 512 in fp32.",
+    "cs336_linyun_xl_fullstep_ctx512_bf16.trace.csv":
+        "`cs336_systems/results/memory_profiles/xl_ctx512_full_step_bf16.pickle` " + LINYUN + "one training step at context 512 under bf16 autocast.",
 }
 IN_REPO = "bench/data/gpt2small_trainstep.trace.csv"
 
