@@ -358,6 +358,45 @@ def t_handoff(bench, wdir, src):
     p = run([bench, "handoff", "--pairs", "0"])
     check(p.returncode == 2 and "--pairs" in p.stderr, f"handoff --pairs 0: exit 2: {p.returncode} {p.stderr}")
 
+# The traces of 1 GB or more in workloads/pytorch that miss the fragmentation targets today, with
+# the figures they must not exceed (docs/benchmarks.md, "Handle sizes": held/handed, min capacity
+# over the lower bound). Every other such trace must meet both targets.
+KNOWN_MISSES = {
+    "cs336_niu_train3_ctx200.trace.csv": (1.0488, 1.0351),
+    "cs336_nothanmin_forward.trace.csv": (1.0072, 1.0070),
+}
+HELD_TARGET, MIN_CAPACITY_TARGET = 1.01, 1.005
+
+
+def t_targets(bench, wdir, src):
+    """Fragmentation targets 1 and 2 (issue "Fragmentation first") on every recorded trace of 1 GB
+    or more in workloads/pytorch, replayed on the simulated 80 GiB device: peak reserved / peak
+    allocated <= 1.01 and the smallest capacity that completes <= 1.005x the lower bound, or no
+    worse than today's figure for the known misses. A placement or recycling change that loosens a
+    real trace past a target fails here."""
+    names = sorted(n for n in os.listdir(wdir) if n.endswith(".trace.csv"))
+    check(len(names) >= 30, f"workloads/pytorch holds the recorded traces ({len(names)} found)")
+    big = 0
+    for name in names:
+        p = run([bench, "replay", os.path.join(wdir, name), "--mode", "expandable", "--min-capacity",
+                 "--json", "--no-progress"])
+        if p.returncode != 0:
+            check(False, f"{name}: replay exited {p.returncode}: {p.stderr.strip()}")
+            continue
+        m = json.loads(p.stdout.splitlines()[0])
+        if m["lower_bound_bytes"] < 1e9:
+            continue
+        big += 1
+        held, mincap = m["reserved_over_allocated"], m["min_capacity_over_lower_bound"]
+        held_max, mincap_max = KNOWN_MISSES.get(name, (HELD_TARGET, MIN_CAPACITY_TARGET))
+        check(held <= held_max + 5e-5, f"{name}: held/handed {held:.4f} <= {held_max}")
+        check(mincap <= mincap_max + 5e-5, f"{name}: min capacity {mincap:.4f}x <= {mincap_max}x")
+        check(m["ooms"] == 0, f"{name}: no OOM on 80 GiB")
+    for name in KNOWN_MISSES:
+        check(name in names, f"known miss {name} is in workloads/pytorch")
+    check(big >= 20, f"at least 20 traces of 1 GB or more replayed ({big})")
+
+
 TESTS = {name[2:]: fn for name, fn in globals().items() if name.startswith("t_")}
 
 
