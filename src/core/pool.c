@@ -424,8 +424,9 @@ _Static_assert((VMM_LIFE_SLOTS & (VMM_LIFE_SLOTS - 1)) == 0 && (int)LIFE_PROBE <
 /* The history is keyed by the exact size. It was a direct-mapped table of 32 slots, where 12.5, 20
  * and 50 MiB shared one: every 20 MiB temporary restarted the count of the 12.5 MiB weight copies
  * that stay, so none was ever predicted to stay. Now a size takes a slot in a window of LIFE_PROBE
- * from its hash, a new one the window's empty slot or the one counted least recently; a lane with
- * more than VMM_LIFE_SLOTS large sizes forgets the stalest. */
+ * from its hash, a new one the window's empty slot or else the window's size counted least
+ * recently, which is forgotten (so a lane keeps up to VMM_LIFE_SLOTS sizes, fewer where windows
+ * crowd). */
 static inline size_t life_hash(size_t size)
 {
     uint64_t x = (uint64_t)size >> 9; /* large sizes are multiples of 512 */
