@@ -528,13 +528,20 @@ static void life_small_in_sliver(void)
  * lifetime_split such a request (two pages or more) splits the lane and grows a longlived segment
  * instead (pool.c, "Lifetimes"). With `temporary`, a 20 MiB block is allocated in the hole and
  * freed first: 12.5 and 20 MiB shared a slot of the direct-mapped history table, so the copies'
- * count restarted and the second copy was not predicted to stay. */
-static void life_partial_page(int temporary)
+ * count restarted and the second copy was not predicted to stay. With `churn`, the history's windows
+ * are full of other sizes first: a new size still takes the stalest slot of its window. */
+static void life_partial_page(int temporary, int churn)
 {
     vmm_allocator *a = make("");
     if (!a)
         return;
     void *l, *h, *r, *k1, *t, *k2 = NULL;
+    /* churn: 400 other large sizes first, each allocated and freed, which fill the history's
+     * windows; the table still takes the copies' size (evicting the stalest) */
+    for (int i = 0; i < churn; i++) {
+        CHECK_OK(vmm_malloc(a, 3 * MiB + (size_t)i * 4 * KiB, NULL, &t));
+        CHECK_OK(vmm_free(a, t));
+    }
     CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &l));
     CHECK_OK(vmm_malloc(a, 20 * MiB, NULL, &h));
     CHECK_OK(vmm_malloc(a, 4 * MiB, NULL, &r));
@@ -568,8 +575,9 @@ int main(void)
     life_full_device();
     life_many_holes();
     life_small_in_sliver();
-    life_partial_page(0);
-    life_partial_page(1);
+    life_partial_page(0, 0);
+    life_partial_page(1, 0);
+    life_partial_page(0, 400);
     test_scattered_caches();
     test_offload_streams();
     test_large_sliver();
