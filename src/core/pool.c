@@ -415,7 +415,7 @@ enum {
     LIFE_SLIVER = 1 << 20,  /* a free remainder no large request fits (the large pool's floor) */
     LIFE_PARTIAL_PAGES = 2, /* requests this many pages or more split the lane on a partly used page */
     LIFE_SCAN = 64,         /* longlived candidates looked at past other segments' blocks */
-    LIFE_PROBE = 8,         /* slots a size may take, from its hash on (the table's window) */
+    LIFE_PROBE = 4,         /* slots a size may take, from its hash on (the table's window) */
 };
 _Static_assert((VMM_LIFE_SLOTS & (VMM_LIFE_SLOTS - 1)) == 0 && (int)LIFE_PROBE <= (int)VMM_LIFE_SLOTS,
                "life table: a power of two, at least one window");
@@ -426,29 +426,31 @@ _Static_assert((VMM_LIFE_SLOTS & (VMM_LIFE_SLOTS - 1)) == 0 && (int)LIFE_PROBE <
  * that stay, so none was ever predicted to stay. Now a size takes a slot in a window of LIFE_PROBE
  * from its hash, a new one the window's empty slot or else the window's size counted least
  * recently, which is forgotten (so a lane keeps up to VMM_LIFE_SLOTS sizes, fewer where windows
- * crowd). */
+ * crowd). Every large malloc and free looks its size up (up to three times a pair), so the hash
+ * is one multiply (Fibonacci hashing: the product's top bits) and the first slot is tried apart. */
+enum { LIFE_HASH_BITS = 7 }; /* log2(VMM_LIFE_SLOTS) */
+_Static_assert((1 << LIFE_HASH_BITS) == VMM_LIFE_SLOTS, "LIFE_HASH_BITS: log2 of the table size");
+
 static inline size_t life_hash(size_t size)
 {
-    uint64_t x = (uint64_t)size >> 9; /* large sizes are multiples of 512 */
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finalizer */
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return (size_t)(x ^ (x >> 31));
+    /* large sizes are multiples of 512 */
+    return (size_t)(((uint64_t)size >> 9) * 0x9E3779B97F4A7C15ull >> (64 - LIFE_HASH_BITS));
 }
 
 /* Size's slot in sr's history, or NULL when it has none; with insert, a slot (emptied) for a size
  * that has none. */
-static vmm_life_slot *life_find(vmm_stream_rec *sr, size_t size, int insert)
+static inline vmm_life_slot *life_find(vmm_stream_rec *sr, size_t size, int insert)
 {
     size_t h = life_hash(size);
-    vmm_life_slot *victim = NULL;
-    for (unsigned k = 0; k < LIFE_PROBE; k++) {
+    vmm_life_slot *victim = &sr->life[h];
+    if (VMM_LIKELY(victim->size == size))
+        return victim;
+    for (unsigned k = 1; k < LIFE_PROBE; k++) {
         vmm_life_slot *l = &sr->life[(h + k) & (VMM_LIFE_SLOTS - 1)];
         if (l->size == size)
             return l;
-        if (!insert || (victim && !victim->size))
-            continue;
-        if (!victim || !l->size || (int32_t)(l->last - victim->last) < 0) /* wraps: by difference */
-            victim = l;
+        if (insert && victim->size && (!l->size || (int32_t)(l->last - victim->last) < 0))
+            victim = l; /* an empty slot, else the stalest (by difference: the clock wraps) */
     }
     if (!insert)
         return NULL;
