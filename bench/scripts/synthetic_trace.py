@@ -1,4 +1,5 @@
-"""The trace CSV the synthetic generators write (gen_streams_trace.py, gen_offload_trace.py):
+"""The trace CSV the synthetic generators write (gen_streams_trace.py, gen_offload_trace.py,
+gen_varlen_trace.py):
 action,addr,size,stream,time_us, one event per line, each at the next microsecond; stream 0 of the
 generator is stream 1 of the trace."""
 
