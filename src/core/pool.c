@@ -790,8 +790,7 @@ enum {
      * Once lanes have opened (lane.c) its new blocks spread over the half by region as the small
      * pool's do, and every large shard takes its lock: lanes of two threads would otherwise pass
      * one lock's line back and forth (2 threads on 8 MiB pairs: 4 against 20 Mpairs/s). */
-    LIVE_HALF = VMM_LIVE_SHARDS / 2,
-    LIVE_SHARD_SHIFT = 64 - __builtin_ctz(LIVE_HALF), /* top bits of the hash pick one in a half */
+    LIVE_HALF = VMM_LIVE_HALF,
 };
 
 /* Shard a new block of `pool` at addr goes to: its 2 MiB region hashed (Fibonacci hashing) into
@@ -801,7 +800,7 @@ static inline size_t live_shard_of(const vmm_allocator *a, uintptr_t addr, int p
 {
     if (pool != VMM_SMALL && !a->shards_locked)
         return LIVE_HALF;
-    size_t s = (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+    size_t s = vmm_live_region_shard(addr);
     return pool == VMM_SMALL ? s : LIVE_HALF + s;
 }
 
@@ -831,15 +830,10 @@ static inline void shard_unlock(const vmm_allocator *a, vmm_live_shard *sh, size
         vmm_mutex_unlock(&sh->lock);
 }
 
-static size_t live_hash(uintptr_t addr, size_t mask)
-{
-    return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
-}
-
 /* The empty slot where a block at addr goes (the table has room). */
 static vmm_live_slot *live_empty(vmm_live_slot *t, size_t cap, uintptr_t addr)
 {
-    size_t i = live_hash(addr, cap - 1);
+    size_t i = vmm_live_hash(addr, cap - 1);
     while (t[i].blk)
         i = (i + 1) & (cap - 1);
     return &t[i];
@@ -954,18 +948,6 @@ size_t vmm_live_count(const vmm_allocator *a)
 /* A slot names the shard and the index in it. */
 static inline size_t slot_make(size_t shard, size_t i) { return i * VMM_LIVE_SHARDS + shard; }
 
-/* Index of addr's block in shard s, or SIZE_MAX. */
-static inline size_t shard_find(const vmm_live_shard *sh, uintptr_t addr)
-{
-    if (!sh->cap)
-        return SIZE_MAX;
-    size_t mask = sh->cap - 1;
-    for (size_t i = live_hash(addr, mask); sh->t[i].blk; i = (i + 1) & mask)
-        if (sh->t[i].addr == addr)
-            return i;
-    return SIZE_MAX;
-}
-
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
 {
     /* the pointer's pool is not known: its large-pool shards, then its small-pool one */
@@ -975,7 +957,7 @@ vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
         if (k == n)
             ss[k] = live_shard_of(a, addr, VMM_SMALL);
         const vmm_live_shard *sh = &a->live[ss[k]];
-        size_t i = shard_find(sh, addr);
+        size_t i = vmm_live_shard_find(sh, addr);
         if (i == SIZE_MAX)
             continue;
         /* a block in a thread cache is freed as far as callers go (caller holds no shard lock) */
@@ -992,21 +974,6 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
 {
     size_t slot;
     return vmm_live_find_slot(a, addr, &slot);
-}
-
-vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
-{
-    /* small-pool shards only: nothing else can be thread-cached */
-    size_t s = live_shard_of(a, addr, VMM_SMALL);
-    vmm_live_shard *sh = &a->live[s];
-    vmm_mutex_lock(&sh->lock);
-    size_t i = shard_find(sh, addr);
-    if (i == SIZE_MAX) {
-        vmm_mutex_unlock(&sh->lock);
-        return NULL;
-    }
-    *shard = s;
-    return &sh->t[i];
 }
 
 /* The slot of a thread-cached block at addr, its shard's lock held (released by the caller). */
@@ -1047,7 +1014,7 @@ void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b)
     for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
-        size_t i = shard_find(sh, b->addr);
+        size_t i = vmm_live_shard_find(sh, b->addr);
         if (i != SIZE_MAX && sh->t[i].blk == b) {
             sh->t[i].tc_class = 0;
             sh->t[i].requested = 0;
@@ -1061,7 +1028,7 @@ const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b)
     size_t ss[2];
     for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
         const vmm_live_shard *sh = &a->live[ss[k]];
-        size_t i = shard_find(sh, b->addr);
+        size_t i = vmm_live_shard_find(sh, b->addr);
         if (i == SIZE_MAX || sh->t[i].blk != b)
             continue;
         const vmm_live_slot *sl = &sh->t[i];
@@ -1088,7 +1055,7 @@ static vmm_block *lookup_lane(vmm_allocator *a, uintptr_t addr, int pool, vmm_st
     for (int k = 0, n = live_shards(a, addr, pool, ss); k < n && !found; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
-        size_t i = shard_find(sh, addr);
+        size_t i = vmm_live_shard_find(sh, addr);
         if (i != SIZE_MAX) {
             found = sh->t[i].blk;
             *sr = found->seg->mp ? NULL : found->seg->srec;
@@ -1129,7 +1096,7 @@ static void shard_remove(vmm_live_shard *sh, size_t i)
     sh->n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */
     for (size_t j = (i + 1) & mask; sh->t[j].blk; j = (j + 1) & mask) {
-        size_t home = live_hash(sh->t[j].addr, mask);
+        size_t home = vmm_live_hash(sh->t[j].addr, mask);
         int movable = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
         if (movable) {
             sh->t[i] = sh->t[j];
@@ -1168,7 +1135,7 @@ int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b)
     for (int k = 0, n = live_shards(a, addr, b->seg->pool, ss); k < n && !ok; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
-        size_t i = shard_find(sh, addr);
+        size_t i = vmm_live_shard_find(sh, addr);
         ok = i != SIZE_MAX && sh->t[i].blk == b;
         if (ok)
             shard_remove(sh, i);
