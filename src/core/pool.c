@@ -875,7 +875,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
     int rc = VMM_OK;
     if (VMM_UNLIKELY(sh->n + sh->reserved + 1 > sh->cap / LIVE_LOAD_DIV)) {
         size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
-        vmm_live_slot *nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
+        vmm_live_slot *nt = vmm_meta_table_alloc(a->meta, ncap * sizeof *nt);
         if (!nt) {
             rc = vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
         } else {
@@ -892,7 +892,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
             if (!held)
                 shard_unlock(a, sh, s);
             if (old)
-                vmm_meta_free(a->meta, old, old_cap * sizeof *old);
+                vmm_meta_table_free(a->meta, old, old_cap * sizeof *old);
         }
     }
     if (rc == VMM_OK)
@@ -1149,7 +1149,7 @@ void vmm_live_free_table(vmm_allocator *a)
     for (size_t s = 0; s < VMM_LIVE_SHARDS; s++) {
         vmm_live_shard *sh = &a->live[s];
         if (sh->t)
-            vmm_meta_free(a->meta, sh->t, sh->cap * sizeof *sh->t);
+            vmm_meta_table_free(a->meta, sh->t, sh->cap * sizeof *sh->t);
         sh->t = NULL;
         sh->cap = sh->n = sh->reserved = 0;
     }
