@@ -8,9 +8,11 @@
  * allocators. So the symbols are looked up at run time, and the system allocator serves otherwise.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/errors.h"
 #include "base/metadata.h"
@@ -27,11 +29,28 @@ typedef int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
 typedef void *(*mallocx_fn)(size_t, int);
 typedef void (*sdallocx_fn)(void *, size_t, int);
 
+/* Tables (vmm_meta_table_alloc): power-of-two blocks of TBL_MIN .. TBL_CHUNK / 2 bytes carved from
+ * 2 MiB chunks by halving (a buddy system: a freed block merges with its free buddy, and a chunk
+ * whole again goes back to the OS); TBL_CHUNK or more, chunks of their own. */
+enum {
+    TBL_MIN_SHIFT = 16,
+    TBL_CHUNK_SHIFT = 21,
+    TBL_ORDERS = TBL_CHUNK_SHIFT - TBL_MIN_SHIFT, /* free lists: 64 KiB .. 1 MiB */
+};
+#define TBL_MIN ((size_t)1 << TBL_MIN_SHIFT)
+#define TBL_CHUNK ((size_t)1 << TBL_CHUNK_SHIFT)
+
+typedef struct tbl_free {
+    struct tbl_free *next;
+} tbl_free;
+
 struct vmm_meta {
     mallocx_fn mallocx;   /* NULL: libc */
     sdallocx_fn sdallocx;
     int flags;            /* arena | no tcache */
     _Atomic int64_t bytes;
+    pthread_mutex_t tbl_mu;           /* the free lists (growths of several lanes' shards) */
+    tbl_free *tbl[TBL_ORDERS];        /* tbl[k]: free blocks of TBL_MIN << k bytes */
 };
 
 /* Find jemalloc in the process (not in this library's dependencies) and make a private arena. */
@@ -57,6 +76,7 @@ int vmm_meta_open(vmm_meta **out)
     vmm_meta *m = calloc(1, sizeof *m);
     if (!m)
         return vmm_fail(VMM_EHOSTMEM, "metadata: out of host memory");
+    pthread_mutex_init(&m->tbl_mu, NULL);
     if (!getenv("VMM_META_NO_JEMALLOC"))
         meta_try_jemalloc(m);
     *out = m;
@@ -65,7 +85,11 @@ int vmm_meta_open(vmm_meta **out)
 
 /* The arena itself is left to jemalloc: destroying it would need every record freed first, and an
  * idle arena costs only its empty extents, which jemalloc's decay returns to the OS. */
-void vmm_meta_close(vmm_meta *m) { free(m); }
+void vmm_meta_close(vmm_meta *m)
+{
+    pthread_mutex_destroy(&m->tbl_mu);
+    free(m);
+}
 
 void *vmm_meta_alloc(vmm_meta *m, size_t size)
 {
@@ -84,6 +108,104 @@ void vmm_meta_free(vmm_meta *m, void *p, size_t size)
         m->sdallocx(p, size, m->flags);
     else
         free(p);
+}
+
+/* ---- tables ------------------------------------------------------------------------------ */
+
+/* `size` bytes (a multiple of TBL_CHUNK) aligned to TBL_CHUNK, zeroed, asked to be backed by
+ * transparent huge pages (madvise: where THP is off or "never" the advice is refused and 4 KiB
+ * pages serve); NULL when out of memory. */
+static void *chunk_map(size_t size)
+{
+    size_t span = size + TBL_CHUNK;
+    char *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *p = (char *)(((uintptr_t)raw + TBL_CHUNK - 1) & ~(uintptr_t)(TBL_CHUNK - 1));
+    if (p > raw)
+        munmap(raw, (size_t)(p - raw));
+    if (p + size < raw + span)
+        munmap(p + size, (size_t)(raw + span - (p + size)));
+    (void)madvise(p, size, MADV_HUGEPAGE);
+    return p;
+}
+
+static unsigned tbl_order(size_t size) { return (unsigned)__builtin_ctzll(size) - TBL_MIN_SHIFT; }
+
+void *vmm_meta_table_alloc(vmm_meta *m, size_t size)
+{
+    if (size < TBL_MIN || (size & (size - 1)))
+        return vmm_meta_alloc(m, size);
+    void *p;
+    if (size >= TBL_CHUNK) {
+        p = chunk_map(size);
+    } else {
+        unsigned k = tbl_order(size), j = k;
+        pthread_mutex_lock(&m->tbl_mu);
+        while (j < TBL_ORDERS && !m->tbl[j])
+            j++;
+        char *b;
+        if (j < TBL_ORDERS) {
+            b = (char *)m->tbl[j];
+            m->tbl[j] = m->tbl[j]->next;
+        } else {
+            b = chunk_map(TBL_CHUNK);
+        }
+        if (b) {
+            /* halve down to the order asked: the upper halves go to the free lists */
+            while (j > k) {
+                j--;
+                tbl_free *hi = (tbl_free *)(b + (TBL_MIN << j));
+                hi->next = m->tbl[j];
+                m->tbl[j] = hi;
+            }
+        }
+        pthread_mutex_unlock(&m->tbl_mu);
+        p = b;
+        if (p)
+            memset(p, 0, size); /* a free block holds a list link, a reused one old slots */
+    }
+    if (p)
+        atomic_fetch_add_explicit(&m->bytes, (int64_t)size, memory_order_relaxed);
+    return p;
+}
+
+void vmm_meta_table_free(vmm_meta *m, void *p, size_t size)
+{
+    if (!p)
+        return;
+    if (size < TBL_MIN || (size & (size - 1))) {
+        vmm_meta_free(m, p, size);
+        return;
+    }
+    atomic_fetch_sub_explicit(&m->bytes, (int64_t)size, memory_order_relaxed);
+    if (size >= TBL_CHUNK) {
+        munmap(p, size);
+        return;
+    }
+    uintptr_t b = (uintptr_t)p;
+    pthread_mutex_lock(&m->tbl_mu);
+    for (unsigned k = tbl_order(size);; k++) {
+        if (k == TBL_ORDERS) { /* the whole chunk is free */
+            pthread_mutex_unlock(&m->tbl_mu);
+            munmap((void *)b, TBL_CHUNK);
+            return;
+        }
+        /* chunks are aligned to their size, so a block's buddy differs in one address bit */
+        uintptr_t buddy = b ^ (TBL_MIN << k);
+        tbl_free **pp = &m->tbl[k];
+        while (*pp && (uintptr_t)*pp != buddy)
+            pp = &(*pp)->next;
+        if (!*pp) {
+            tbl_free *f = (tbl_free *)b;
+            f->next = m->tbl[k];
+            m->tbl[k] = f;
+            break;
+        }
+        *pp = (*pp)->next;
+        b &= ~(uintptr_t)(TBL_MIN << k);
+    }
+    pthread_mutex_unlock(&m->tbl_mu);
 }
 
 int64_t vmm_meta_bytes(const vmm_meta *m)

@@ -16,6 +16,13 @@ int vmm_meta_open(vmm_meta **out);
 void vmm_meta_close(vmm_meta *m);
 void *vmm_meta_alloc(vmm_meta *m, size_t size);       /* zeroed; NULL when out of host memory */
 void vmm_meta_free(vmm_meta *m, void *p, size_t size);
+/* Zeroed memory for a hash table of `size` bytes (the live table's shards): a power of two of
+ * 64 KiB or more comes from 2 MiB chunks the kernel is asked to back with transparent huge pages
+ * (madvise), where a table probed at random costs no TLB miss per lookup: the 10^6-live ring's
+ * free makes one such probe (docs/benchmarks.md, "Latency"). Other sizes: vmm_meta_alloc. Free
+ * with vmm_meta_table_free and the same size. Counted in vmm_meta_bytes. Thread safe. */
+void *vmm_meta_table_alloc(vmm_meta *m, size_t size);
+void vmm_meta_table_free(vmm_meta *m, void *p, size_t size);
 int64_t vmm_meta_bytes(const vmm_meta *m);           /* bytes currently allocated */
 const char *vmm_meta_backend(const vmm_meta *m);      /* "jemalloc-arena" or "libc" */
 

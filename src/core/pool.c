@@ -833,8 +833,7 @@ enum {
      * Once lanes have opened (lane.c) its new blocks spread over the half by region as the small
      * pool's do, and every large shard takes its lock: lanes of two threads would otherwise pass
      * one lock's line back and forth (2 threads on 8 MiB pairs: 4 against 20 Mpairs/s). */
-    LIVE_HALF = VMM_LIVE_SHARDS / 2,
-    LIVE_SHARD_SHIFT = 64 - __builtin_ctz(LIVE_HALF), /* top bits of the hash pick one in a half */
+    LIVE_HALF = VMM_LIVE_HALF,
 };
 
 /* Shard a new block of `pool` at addr goes to: its 2 MiB region hashed (Fibonacci hashing) into
@@ -844,7 +843,7 @@ static inline size_t live_shard_of(const vmm_allocator *a, uintptr_t addr, int p
 {
     if (pool != VMM_SMALL && !a->shards_locked)
         return LIVE_HALF;
-    size_t s = (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> LIVE_SHARD_SHIFT);
+    size_t s = vmm_live_region_shard(addr);
     return pool == VMM_SMALL ? s : LIVE_HALF + s;
 }
 
@@ -874,15 +873,10 @@ static inline void shard_unlock(const vmm_allocator *a, vmm_live_shard *sh, size
         vmm_mutex_unlock(&sh->lock);
 }
 
-static size_t live_hash(uintptr_t addr, size_t mask)
-{
-    return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
-}
-
 /* The empty slot where a block at addr goes (the table has room). */
 static vmm_live_slot *live_empty(vmm_live_slot *t, size_t cap, uintptr_t addr)
 {
-    size_t i = live_hash(addr, cap - 1);
+    size_t i = vmm_live_hash(addr, cap - 1);
     while (t[i].blk)
         i = (i + 1) & (cap - 1);
     return &t[i];
@@ -924,7 +918,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
     int rc = VMM_OK;
     if (VMM_UNLIKELY(sh->n + sh->reserved + 1 > sh->cap / LIVE_LOAD_DIV)) {
         size_t ncap = sh->cap ? sh->cap * 2 : LIVE_MIN_CAP;
-        vmm_live_slot *nt = vmm_meta_alloc(a->meta, ncap * sizeof *nt);
+        vmm_live_slot *nt = vmm_meta_table_alloc(a->meta, ncap * sizeof *nt);
         if (!nt) {
             rc = vmm_fail(VMM_EHOSTMEM, "vmm_malloc: out of host memory for the live table");
         } else {
@@ -941,7 +935,7 @@ static int live_reserve(vmm_allocator *a, uintptr_t addr, int pool)
             if (!held)
                 shard_unlock(a, sh, s);
             if (old)
-                vmm_meta_free(a->meta, old, old_cap * sizeof *old);
+                vmm_meta_table_free(a->meta, old, old_cap * sizeof *old);
         }
     }
     if (rc == VMM_OK)
@@ -997,18 +991,6 @@ size_t vmm_live_count(const vmm_allocator *a)
 /* A slot names the shard and the index in it. */
 static inline size_t slot_make(size_t shard, size_t i) { return i * VMM_LIVE_SHARDS + shard; }
 
-/* Index of addr's block in shard s, or SIZE_MAX. */
-static inline size_t shard_find(const vmm_live_shard *sh, uintptr_t addr)
-{
-    if (!sh->cap)
-        return SIZE_MAX;
-    size_t mask = sh->cap - 1;
-    for (size_t i = live_hash(addr, mask); sh->t[i].blk; i = (i + 1) & mask)
-        if (sh->t[i].addr == addr)
-            return i;
-    return SIZE_MAX;
-}
-
 vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
 {
     /* the pointer's pool is not known: its large-pool shards, then its small-pool one */
@@ -1018,7 +1000,7 @@ vmm_block *vmm_live_find_slot(vmm_allocator *a, uintptr_t addr, size_t *slot)
         if (k == n)
             ss[k] = live_shard_of(a, addr, VMM_SMALL);
         const vmm_live_shard *sh = &a->live[ss[k]];
-        size_t i = shard_find(sh, addr);
+        size_t i = vmm_live_shard_find(sh, addr);
         if (i == SIZE_MAX)
             continue;
         /* a block in a thread cache is freed as far as callers go (caller holds no shard lock) */
@@ -1035,21 +1017,6 @@ vmm_block *vmm_live_find(vmm_allocator *a, uintptr_t addr)
 {
     size_t slot;
     return vmm_live_find_slot(a, addr, &slot);
-}
-
-vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
-{
-    /* small-pool shards only: nothing else can be thread-cached */
-    size_t s = live_shard_of(a, addr, VMM_SMALL);
-    vmm_live_shard *sh = &a->live[s];
-    vmm_mutex_lock(&sh->lock);
-    size_t i = shard_find(sh, addr);
-    if (i == SIZE_MAX) {
-        vmm_mutex_unlock(&sh->lock);
-        return NULL;
-    }
-    *shard = s;
-    return &sh->t[i];
 }
 
 /* The slot of a thread-cached block at addr, its shard's lock held (released by the caller). */
@@ -1090,7 +1057,7 @@ void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b)
     for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
-        size_t i = shard_find(sh, b->addr);
+        size_t i = vmm_live_shard_find(sh, b->addr);
         if (i != SIZE_MAX && sh->t[i].blk == b) {
             sh->t[i].tc_class = 0;
             sh->t[i].requested = 0;
@@ -1104,7 +1071,7 @@ const char *vmm_live_check_slot(vmm_allocator *a, const vmm_block *b)
     size_t ss[2];
     for (int k = 0, n = live_shards(a, b->addr, b->seg->pool, ss); k < n; k++) {
         const vmm_live_shard *sh = &a->live[ss[k]];
-        size_t i = shard_find(sh, b->addr);
+        size_t i = vmm_live_shard_find(sh, b->addr);
         if (i == SIZE_MAX || sh->t[i].blk != b)
             continue;
         const vmm_live_slot *sl = &sh->t[i];
@@ -1131,7 +1098,7 @@ static vmm_block *lookup_lane(vmm_allocator *a, uintptr_t addr, int pool, vmm_st
     for (int k = 0, n = live_shards(a, addr, pool, ss); k < n && !found; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
-        size_t i = shard_find(sh, addr);
+        size_t i = vmm_live_shard_find(sh, addr);
         if (i != SIZE_MAX) {
             found = sh->t[i].blk;
             *sr = found->seg->mp ? NULL : found->seg->srec;
@@ -1172,7 +1139,7 @@ static void shard_remove(vmm_live_shard *sh, size_t i)
     sh->n--;
     /* shift later entries of the cluster back so lookups never stop at the hole early */
     for (size_t j = (i + 1) & mask; sh->t[j].blk; j = (j + 1) & mask) {
-        size_t home = live_hash(sh->t[j].addr, mask);
+        size_t home = vmm_live_hash(sh->t[j].addr, mask);
         int movable = (j > i) ? (home <= i || home > j) : (home <= i && home > j);
         if (movable) {
             sh->t[i] = sh->t[j];
@@ -1211,7 +1178,7 @@ int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b)
     for (int k = 0, n = live_shards(a, addr, b->seg->pool, ss); k < n && !ok; k++) {
         vmm_live_shard *sh = &a->live[ss[k]];
         shard_lock(a, sh, ss[k]);
-        size_t i = shard_find(sh, addr);
+        size_t i = vmm_live_shard_find(sh, addr);
         ok = i != SIZE_MAX && sh->t[i].blk == b;
         if (ok)
             shard_remove(sh, i);
@@ -1225,7 +1192,7 @@ void vmm_live_free_table(vmm_allocator *a)
     for (size_t s = 0; s < VMM_LIVE_SHARDS; s++) {
         vmm_live_shard *sh = &a->live[s];
         if (sh->t)
-            vmm_meta_free(a->meta, sh->t, sh->cap * sizeof *sh->t);
+            vmm_meta_table_free(a->meta, sh->t, sh->cap * sizeof *sh->t);
         sh->t = NULL;
         sh->cap = sh->n = sh->reserved = 0;
     }

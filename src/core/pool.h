@@ -77,10 +77,49 @@ unsigned vmm_live_owner_at(const vmm_allocator *a, size_t slot);
 int vmm_live_take(vmm_allocator *a, uintptr_t addr, const vmm_block *b);
 /* Writer's locks held: b (allocated) may no longer go to a thread cache (record_stream, groups). */
 void vmm_live_tc_forbid(vmm_allocator *a, const vmm_block *b);
-/* Thread caches, no allocator lock: addr's slot in its small-pool shard with that shard's lock
- * held (good until vmm_live_slot_unlock), or NULL with none held. A cache's free writes tc_owner
- * there; nothing else of the slot may change. */
-vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard);
+/* The live table's hashing, inline for a thread cache's free (tcache.c), which probes a slot on
+ * every cached pair. Shards [0, VMM_LIVE_HALF) hold small-pool blocks, the others the large
+ * pool's (pool.c, live_shard_of). */
+enum { VMM_LIVE_HALF = VMM_LIVE_SHARDS / 2 };
+/* A block's shard in its pool's half: its 2 MiB region hashed (Fibonacci hashing, the top bits),
+ * so one segment's blocks spread over few shards and two streams' segments seldom share one. */
+static inline size_t vmm_live_region_shard(uintptr_t addr)
+{
+    return (size_t)(((uint64_t)addr >> 21) * 0x9E3779B97F4A7C15ull >> (64 - __builtin_ctz(VMM_LIVE_HALF)));
+}
+/* Where a shard's probe for addr starts (mask: its capacity - 1). */
+static inline size_t vmm_live_hash(uintptr_t addr, size_t mask)
+{
+    return (size_t)(((uint64_t)addr >> 9) * 0x9E3779B97F4A7C15ull >> 20) & mask;
+}
+/* Index of addr's block in shard sh, or SIZE_MAX. */
+static inline size_t vmm_live_shard_find(const vmm_live_shard *sh, uintptr_t addr)
+{
+    if (!sh->cap)
+        return SIZE_MAX;
+    size_t mask = sh->cap - 1;
+    for (size_t i = vmm_live_hash(addr, mask); sh->t[i].blk; i = (i + 1) & mask)
+        if (sh->t[i].addr == addr)
+            return i;
+    return SIZE_MAX;
+}
+/* Thread caches, no allocator lock: addr's slot in its small-pool shard (small-pool shards only:
+ * nothing else can be thread-cached) with that shard's lock held (good until
+ * vmm_live_slot_unlock), or NULL with none held. A cache's free writes tc_owner there; nothing
+ * else of the slot may change. */
+static inline vmm_live_slot *vmm_live_slot_lock(vmm_allocator *a, uintptr_t addr, size_t *shard)
+{
+    size_t s = vmm_live_region_shard(addr);
+    vmm_live_shard *sh = &a->live[s];
+    vmm_mutex_lock(&sh->lock);
+    size_t i = vmm_live_shard_find(sh, addr);
+    if (VMM_UNLIKELY(i == SIZE_MAX)) {
+        vmm_mutex_unlock(&sh->lock);
+        return NULL;
+    }
+    *shard = s;
+    return &sh->t[i];
+}
 #define vmm_live_slot_unlock(a, shard) vmm_mutex_unlock(&(a)->live[(shard)].lock)
 /* The slot vmm_live_slot_lock gave goes out of the table, and its shard's lock is let go. */
 void vmm_live_slot_take(vmm_allocator *a, size_t shard, vmm_live_slot *sl);

@@ -161,9 +161,15 @@ typedef struct tl_slot {
 } tl_slot;
 
 /* The thread's slots, made with its first cache, are the value of a pthread key (whose destructor
- * gives the caches back at thread exit). Not a _Thread_local: in a shared library that costs a
- * __tls_get_addr call per access (more than a fast path's locks), and the initial-exec model that
- * avoids it fails to load under dlopen once glibc's static TLS surplus is used up (Python). */
+ * gives the caches back at thread exit), and the fast paths find them through a _Thread_local
+ * copy (tl_mine): pthread_getspecific, a call into libc of ~17 instructions, was 1.3 ns of the
+ * cached pair's 25.5 (docs/benchmarks.md, "Latency"). Linked into a program the access is one
+ * load; the shared library is built with TLS descriptors (-mtls-dialect=gnu2, CMakeLists.txt),
+ * where an access is a call returning the offset instead of __tls_get_addr, and a dlopen past
+ * glibc's static TLS surplus (Python) falls back to dynamic TLS instead of failing to load as the
+ * initial-exec model did. A shared library built without them (VMM_SLOTS_BY_KEY: a compiler
+ * without -mtls-dialect=gnu2, such as clang 14) reads the key as before: there the _Thread_local
+ * cost a __tls_get_addr call per access, 27.7 ns a pair against 25.9-26.8. */
 
 typedef struct reg_entry {
     vmm_allocator *a;
@@ -178,12 +184,23 @@ static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 static _Atomic int exit_key_made;
 
+#if defined(VMM_SLOTS_BY_KEY)
 static inline tl_slot *slots_get(void)
 {
     if (VMM_UNLIKELY(!atomic_load_explicit(&exit_key_made, memory_order_acquire)))
         return NULL;
     return pthread_getspecific(exit_key);
 }
+static inline void slots_set(tl_slot *s) { (void)s; }
+#else
+static _Thread_local tl_slot *tl_mine; /* the key's value, NULL from its destructor on */
+
+static inline tl_slot *slots_get(void)
+{
+    return tl_mine;
+}
+static inline void slots_set(tl_slot *s) { tl_mine = s; }
+#endif
 
 /* Caller holds reg_mu. */
 static int reg_alive(const vmm_allocator *a, uint64_t id)
@@ -222,6 +239,7 @@ static void cache_retire(vmm_allocator *a, vmm_tcache *tc)
 static void on_thread_exit(void *arg)
 {
     tl_slot *slots = arg;
+    slots_set(NULL);
     pthread_mutex_lock(&reg_mu);
     for (int i = 0; i < TL_SLOTS; i++) {
         tl_slot *s = &slots[i];
@@ -397,6 +415,7 @@ static vmm_tcache *cache_make(vmm_allocator *a)
             free(tc);
             return NULL;
         }
+        slots_set(slots);
         tl_slots = slots;
     }
     pthread_mutex_lock(&reg_mu);
@@ -510,9 +529,11 @@ static inline size_t bin_size(const vmm_tcache *tc, const tc_bin *bin)
     return (size_t)(bin - tc->bins + 1) * TC_STEP;
 }
 
-/* Take entry k out of bin (the others keep their order: oldest at the bottom, which the trims'
- * "older half" relies on); the block is no longer cached. Caller holds tc's lock. */
-static tc_entry bin_take(vmm_tcache *tc, tc_bin *bin, uint32_t k, uintptr_t *addr)
+/* Take entry k out of bin, whose blocks are `size` bytes (the others keep their order: oldest at
+ * the bottom, which the trims' "older half" relies on); the block is no longer cached. Caller
+ * holds tc's lock. */
+static inline tc_entry bin_take_sized(vmm_tcache *tc, tc_bin *bin, uint32_t k, uintptr_t *addr,
+                                      size_t size)
 {
     tc_entry e = bin->e[k];
     *addr = bin->addr[k];
@@ -522,8 +543,14 @@ static tc_entry bin_take(vmm_tcache *tc, tc_bin *bin, uint32_t k, uintptr_t *add
         bin->addr[i - 1] = bin->addr[i];
     }
     bin->n--;
-    tc->bytes -= bin_size(tc, bin);
+    tc->bytes -= size;
     return e;
+}
+
+/* The same, the size from the bin's place (a division by sizeof(tc_bin): off the malloc path). */
+static tc_entry bin_take(vmm_tcache *tc, tc_bin *bin, uint32_t k, uintptr_t *addr)
+{
+    return bin_take_sized(tc, bin, k, addr, bin_size(tc, bin));
 }
 
 /* The depot's count of blocks, which mallocs read without its lock (its lock held). */
@@ -691,7 +718,7 @@ int vmm_tc_malloc(vmm_allocator *a, size_t size, vmm_stream s, void **ptr)
         return 0;
     }
     if (k >= 0) {
-        tc_entry e = bin_take(tc, bin, (uint32_t)k, &addr);
+        tc_entry e = bin_take_sized(tc, bin, (uint32_t)k, &addr, r);
         if (e.req != size)
             vmm_live_set_requested(a, addr, size); /* record and slot */
     }

@@ -1,9 +1,10 @@
 // ctest-labels: unit
 /* Metadata records come from a private jemalloc arena in programs that link jemalloc, from libc
- * otherwise, and their bytes are counted either way. */
+ * otherwise, and their bytes are counted either way; tables from huge-page chunks. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #ifdef VMM_HAVE_JEMALLOC
 #include <jemalloc/jemalloc.h>
@@ -31,6 +32,67 @@ static void exercise(vmm_meta *m)
     CHECK_EQ(vmm_meta_bytes(m), 0);
 }
 
+/* Whether the pages at p are mapped (mincore fails with ENOMEM on an unmapped range). */
+static int mapped(const void *p)
+{
+    unsigned char v;
+    return mincore((void *)((uintptr_t)p & ~(uintptr_t)4095), 4096, &v) == 0;
+}
+
+/* Tables: power-of-two sizes of 64 KiB up come from 2 MiB chunks split in halves (buddies), zeroed
+ * each time, counted, and a chunk whose blocks are all free again is unmapped. */
+static void tables(vmm_meta *m)
+{
+    enum { KiB = 1024, MiB = 1024 * 1024 };
+    int64_t base = vmm_meta_bytes(m);
+    /* below 64 KiB, or not a power of two: the records' allocator (still zeroed and counted) */
+    unsigned char *small = vmm_meta_table_alloc(m, 32 * KiB);
+    unsigned char *odd = vmm_meta_table_alloc(m, 96 * KiB);
+    CHECK(small && odd && small[32 * KiB - 1] == 0 && odd[96 * KiB - 1] == 0);
+    CHECK_EQ(vmm_meta_bytes(m), base + 128 * KiB);
+    vmm_meta_table_free(m, small, 32 * KiB);
+    vmm_meta_table_free(m, odd, 96 * KiB);
+
+    /* two 1 MiB tables are the two halves of one aligned chunk */
+    unsigned char *a = vmm_meta_table_alloc(m, MiB), *b = vmm_meta_table_alloc(m, MiB);
+    CHECK(a && b);
+    CHECK_EQ(((uintptr_t)a ^ (uintptr_t)b), (uintptr_t)MiB);
+    CHECK_EQ(((uintptr_t)a & (2 * MiB - 1)) % MiB, 0);
+    CHECK_EQ(vmm_meta_bytes(m), base + 2 * MiB);
+    memset(a, 0xab, MiB);
+    /* a freed block comes back zeroed: a's half split into 64 KiB tables */
+    vmm_meta_table_free(m, a, MiB);
+    unsigned char *t[16];
+    for (int i = 0; i < 16; i++) {
+        t[i] = vmm_meta_table_alloc(m, 64 * KiB);
+        CHECK(t[i] != NULL);
+        CHECK(((uintptr_t)t[i] & ~(uintptr_t)(MiB - 1)) == ((uintptr_t)a & ~(uintptr_t)(MiB - 1)));
+        for (size_t j = 0; j < 64 * KiB; j += 4096)
+            CHECK(t[i][j] == 0 && t[i][j + 4095] == 0);
+        memset(t[i], 0xcd, 64 * KiB);
+    }
+    CHECK_EQ(vmm_meta_bytes(m), base + 2 * MiB);
+    /* all free again, in an order that merges only at the end: the chunk is unmapped */
+    for (int i = 15; i >= 0; i -= 2)
+        vmm_meta_table_free(m, t[i], 64 * KiB);
+    for (int i = 0; i < 16; i += 2)
+        vmm_meta_table_free(m, t[i], 64 * KiB);
+    CHECK(mapped(b));
+    vmm_meta_table_free(m, b, MiB);
+    CHECK(!mapped(b) && !mapped(a));
+    CHECK_EQ(vmm_meta_bytes(m), base);
+
+    /* 2 MiB and more: a chunk of its own, aligned to 2 MiB, unmapped when freed */
+    unsigned char *big = vmm_meta_table_alloc(m, 4 * MiB);
+    CHECK(big != NULL);
+    CHECK_EQ((uintptr_t)big & (2 * MiB - 1), 0);
+    CHECK(big[0] == 0 && big[4 * MiB - 1] == 0);
+    CHECK_EQ(vmm_meta_bytes(m), base + 4 * MiB);
+    vmm_meta_table_free(m, big, 4 * MiB);
+    CHECK(!mapped(big));
+    CHECK_EQ(vmm_meta_bytes(m), base);
+}
+
 int main(void)
 {
     vmm_meta *m;
@@ -50,6 +112,7 @@ int main(void)
     CHECK(arena != 0);
     vmm_meta_free(m, rec, 128);
     exercise(m);
+    tables(m);
     vmm_meta_close(m);
 #else
     /* built without jemalloc (VMM_REQUIRE_JEMALLOC=OFF): the arena half cannot run; libc's does */
@@ -60,6 +123,7 @@ int main(void)
     CHECK_OK(vmm_meta_open(&m));
     CHECK(strcmp(vmm_meta_backend(m), "libc") == 0);
     exercise(m);
+    tables(m);
     vmm_meta_close(m);
     TEST_DONE();
 }
