@@ -18,7 +18,10 @@
  * placements made before it fails at once, with that cause (conflict-directed backjumping: a
  * dead end in one piece no longer backtracks through the choices of pieces beside it). An item
  * refuted at a cell is not tried right on top of a later candidate with its lifetime (the same
- * pair swapped). Restarts follow Luby's sequence of node
+ * pair swapped). A failed node's cause, when short, is kept across restarts as a nogood (placements
+ * no tiling holds together), watched on two of its placements: a placement that completes one
+ * fails at once, and one that leaves a single placement of it missing bars that one while it stays
+ * (so a later restart does not rediscover what an earlier one learned). Restarts follow Luby's sequence of node
  * budgets, in both time directions (two searches, on two threads when the caller has them), each
  * with another tie order: a fixed sequence, so the search is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
  * search: plan_tile_applies says so. */
@@ -37,6 +40,11 @@ enum {
      * backjumping a longer run pays (13 of 31 hard instances tiled in 1,000,000 nodes against 9). */
     TILE_UNIT = 8,
     TILE_CBJ_MAX = 8192,    /* most items for backjumping: (n + 1) n bits (8 MiB per orientation) */
+    /* Nogoods: the longest cause kept (24: 12 and 48 tiled as many of 40 hard instances, 64
+     * fewer), and the most literals kept (4 MiB per orientation), the older half forgotten at a
+     * restart beyond half of that. */
+    TILE_NG_LEN = 24,
+    TILE_NG_LITS = 1 << 18,
 };
 
 typedef struct ts {
@@ -81,6 +89,33 @@ typedef struct ts {
     } *forb;
     size_t nforb, capforb;
     uint32_t *forb_cnt;
+    /* Nogoods: the causes of failed nodes, kept across restarts (the instance's facts, not the
+     * path's). A nogood is a set of placements (item at offset) that no tiling holds all of; it is
+     * watched on two of them (per item, the nogoods watching it), so a placement looks only at
+     * the nogoods watching it, and one that becomes all placed fails the placement at once. */
+    struct tile_lit {
+        uint32_t item;
+        uint64_t at;
+    } *ng_lit;
+    size_t ng_nlit, ng_caplit;
+    struct tile_ng {
+        uint32_t start, len, w[2]; /* literals ng_lit[start .. start + len); watched: w[0], w[1] */
+    } *ng;
+    size_t nng, capng;
+    struct tile_watch {
+        uint64_t at;                /* the watched literal's offset (no look at the nogood when not h) */
+        uint32_t g;
+    } **wl;                         /* per item: the nogoods watching it */
+    uint32_t *wl_n, *wl_cap;
+    int64_t ng_hit;                 /* the nogood the latest placement completed, or -1 */
+    /* Units: nogoods all of whose placements but one (item at offset) are made, so that one is
+     * barred; found when a placement moves a watch, kept while it stays (level: its index). */
+    struct tile_unit {
+        uint32_t item, g, level;
+        uint64_t at;
+    } *unit;
+    size_t nunit, capunit;
+    uint32_t *unit_cnt;
 } ts;
 
 static uint64_t mix(uint64_t x)
@@ -100,21 +135,36 @@ static uint64_t max_floor(const ts *s, uint32_t lo, uint32_t hi)
     return m;
 }
 
-/* 1 when item i may not go to h (a swap of a refuted pair); adds the reason to w when given:
- * what refuted the pair's first try, and the placement of the pair's second. */
+/* 1 when item i may not go to h: a swap of a refuted pair, or a nogood whose other placements are
+ * all made. Adds the reason to w when given: what refuted the pair's first try, and the placement
+ * of the pair's second; or the nogood's other placements. */
 static int barred(const ts *s, uint32_t i, uint64_t h, uint64_t *w)
 {
-    if (!s->forb_cnt || !s->forb_cnt[i])
+    if (s->forb_cnt && s->forb_cnt[i])
+        for (size_t e = s->nforb; e > 0; e--) {
+            const struct tile_forb *f = &s->forb[e - 1];
+            if (f->item != i || f->at != h)
+                continue;
+            if (w) {
+                const uint64_t *r = s->acc + (size_t)f->level * s->nw;
+                for (size_t k = 0; k < s->nw; k++)
+                    w[k] |= r[k];
+                w[f->level / 64] |= UINT64_C(1) << (f->level % 64);
+            }
+            return 1;
+        }
+    if (!s->unit_cnt || !s->unit_cnt[i])
         return 0;
-    for (size_t e = s->nforb; e > 0; e--) {
-        const struct tile_forb *f = &s->forb[e - 1];
-        if (f->item != i || f->at != h)
+    for (size_t e = s->nunit; e > 0; e--) {
+        const struct tile_unit *u = &s->unit[e - 1];
+        if (u->item != i || u->at != h)
             continue;
         if (w) {
-            const uint64_t *r = s->acc + (size_t)f->level * s->nw;
-            for (size_t k = 0; k < s->nw; k++)
-                w[k] |= r[k];
-            w[f->level / 64] |= UINT64_C(1) << (f->level % 64);
+            const struct tile_ng *ng = &s->ng[u->g];
+            const struct tile_lit *l = s->ng_lit + ng->start;
+            for (uint32_t q = 0; q < ng->len; q++)
+                if (l[q].item != i)
+                    w[s->lvl[l[q].item] / 64] |= UINT64_C(1) << (s->lvl[l[q].item] % 64);
         }
         return 1;
     }
@@ -302,6 +352,140 @@ static void fw_xor(ts *s, uint32_t t, uint64_t d);
 static uint64_t zfloor(uint32_t t, uint64_t f);
 static uint64_t zitem(uint32_t i);
 
+static int ng_watch(ts *s, uint32_t i, uint64_t at, uint32_t g)
+{
+    if (s->wl_n[i] == s->wl_cap[i]) {
+        uint32_t nc = 2 * s->wl_cap[i] + 4;
+        struct tile_watch *nw = realloc(s->wl[i], nc * sizeof *nw);
+        if (!nw)
+            return -1;
+        s->wl[i] = nw;
+        s->wl_cap[i] = nc;
+    }
+    s->wl[i][s->wl_n[i]++] = (struct tile_watch){at, g};
+    return 0;
+}
+
+/* Nogood g lacks only its literal x: bar it while the latest placement stays. */
+static void ng_unit(ts *s, uint32_t g, uint32_t x)
+{
+    const struct tile_lit *l = &s->ng_lit[s->ng[g].start + x];
+    if (s->pos[l->item] != UINT64_MAX)
+        return; /* placed elsewhere: g holds */
+    if (s->nunit == s->capunit) {
+        size_t nc = 2 * s->capunit + 64;
+        struct tile_unit *nu = realloc(s->unit, nc * sizeof *nu);
+        if (!nu)
+            return; /* fewer bars: only less pruning */
+        s->unit = nu;
+        s->capunit = nc;
+    }
+    s->unit[s->nunit++] = (struct tile_unit){l->item, g, (uint32_t)s->nplaced - 1, l->at};
+    s->unit_cnt[l->item]++;
+}
+
+/* Item i just went to h: the nogoods watching i on (i, h) move that watch to a literal not
+ * placed, or, when every other literal is placed too, are complete (ng_hit). */
+static void ng_put(ts *s, uint32_t i, uint64_t h)
+{
+    s->ng_hit = -1;
+    if (!s->wl)
+        return;
+    struct tile_watch *wl = s->wl[i];
+    for (uint32_t e = 0; e < s->wl_n[i];) {
+        if (wl[e].at != h) { /* i elsewhere: this nogood holds while i stays */
+            e++;
+            continue;
+        }
+        uint32_t g = wl[e].g;
+        struct tile_ng *ng = &s->ng[g];
+        const struct tile_lit *l = s->ng_lit + ng->start;
+        int k = l[ng->w[0]].item == i ? 0 : 1;
+        uint32_t other = ng->w[1 - k], r = ng->len;
+        for (uint32_t x = 0; x < ng->len; x++)
+            if (x != ng->w[0] && x != ng->w[1] && s->pos[l[x].item] != l[x].at) {
+                r = x;
+                break;
+            }
+        if (r < ng->len && ng_watch(s, l[r].item, l[r].at, g) == 0) {
+            ng->w[k] = r;
+            wl[e] = wl[--s->wl_n[i]];
+            if (s->pos[l[other].item] == l[other].at) { /* a unit when r is the last one not made */
+                uint32_t x = r + 1;
+                while (x < ng->len && (x == other || s->pos[l[x].item] == l[x].at))
+                    x++;
+                if (x == ng->len)
+                    ng_unit(s, g, r);
+            }
+            continue;
+        }
+        if (s->pos[l[other].item] == l[other].at) {
+            if (s->ng_hit < 0)
+                s->ng_hit = g;
+        } else
+            ng_unit(s, g, other);
+        e++;
+    }
+}
+
+/* Keep the cause in s->why (levels of the placements now made) as a nogood, when short. */
+static void ng_learn(ts *s)
+{
+    if (!s->wl)
+        return;
+    uint32_t len = 0;
+    for (size_t w = 0; w < s->nw; w++)
+        len += (uint32_t)__builtin_popcountll(s->why[w]);
+    if (len == 0 || len > TILE_NG_LEN)
+        return;
+    if (s->ng_nlit + len > s->ng_caplit || s->nng == s->capng)
+        return; /* full until the next restart forgets */
+    struct tile_ng *ng = &s->ng[s->nng];
+    ng->start = (uint32_t)s->ng_nlit;
+    ng->len = len;
+    struct tile_lit *l = s->ng_lit + s->ng_nlit;
+    uint32_t x = 0;
+    for (size_t w = 0; w < s->nw; w++)
+        for (uint64_t b = s->why[w]; b; b &= b - 1) {
+            uint32_t i = s->placed[w * 64 + (size_t)__builtin_ctzll(b)];
+            l[x++] = (struct tile_lit){i, s->pos[i]};
+        }
+    /* watch the two latest placements: the backjump undoes the latest, so one watch is free */
+    ng->w[0] = len - 1;
+    ng->w[1] = len > 1 ? len - 2 : len - 1;
+    if (ng_watch(s, l[ng->w[0]].item, l[ng->w[0]].at, (uint32_t)s->nng) != 0)
+        return;
+    if (len > 1 && ng_watch(s, l[ng->w[1]].item, l[ng->w[1]].at, (uint32_t)s->nng) != 0) {
+        s->wl_n[l[ng->w[0]].item]--; /* just added, the last entry */
+        return;
+    }
+    s->nng++;
+    s->ng_nlit += len;
+}
+
+/* At a restart (nothing placed): beyond half the room, forget the older half of the nogoods. */
+static void ng_forget(ts *s)
+{
+    if (!s->wl || (s->ng_nlit <= s->ng_caplit / 2 && s->nng <= s->capng / 2))
+        return;
+    size_t keep = s->nng / 2, from = s->nng - keep;
+    uint32_t base = keep ? s->ng[from].start : (uint32_t)s->ng_nlit;
+    memmove(s->ng_lit, s->ng_lit + base, (s->ng_nlit - base) * sizeof *s->ng_lit);
+    s->ng_nlit -= base;
+    memmove(s->ng, s->ng + from, keep * sizeof *s->ng);
+    s->nng = keep;
+    for (size_t i = 0; i < s->c->n; i++)
+        s->wl_n[i] = 0;
+    for (size_t g = 0; g < s->nng; g++) {
+        struct tile_ng *ng = &s->ng[g];
+        ng->start -= base;
+        for (int k = 0; k < (ng->w[1] != ng->w[0] ? 2 : 1); k++) { /* fits: lists only shrank */
+            const struct tile_lit *l = &s->ng_lit[ng->start + ng->w[k]];
+            ng_watch(s, l->item, l->at, (uint32_t)g);
+        }
+    }
+}
+
 /* Place item i at h (its lifetime's floor is flat at h). */
 static void tile_put(ts *s, uint32_t i, uint64_t h)
 {
@@ -323,6 +507,7 @@ static void tile_put(ts *s, uint32_t i, uint64_t h)
         *s->best_n = s->nplaced;
         memcpy(s->best_pos, s->pos, s->c->n * sizeof *s->best_pos);
     }
+    ng_put(s, i, h);
 }
 
 /* Take back the placements after mark, latest first. */
@@ -342,6 +527,8 @@ static void tile_undo(ts *s, size_t mark)
             s->cuts[t]++;
         s->pos[i] = UINT64_MAX;
     }
+    while (s->nunit && s->unit[s->nunit - 1].level >= s->nplaced)
+        s->unit_cnt[s->unit[--s->nunit].item]--;
 }
 
 /* A basin [a, b) at h between walls whose lower top is m: at every slot in it the rows [h, m) can
@@ -578,7 +765,14 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
             s->forb_cnt[j]++;
         }
         tile_put(s, i, h);
-        st = tile_dfs(s, lo, hi);
+        if (s->ng_hit >= 0) { /* a nogood: fails for its placements */
+            const struct tile_ng *ng = &s->ng[s->ng_hit];
+            why_clear(s);
+            for (uint32_t q = 0; q < ng->len; q++)
+                why_set(s, s->why, s->ng_lit[ng->start + q].item);
+            st = 0;
+        } else
+            st = tile_dfs(s, lo, hi);
         if (st != 1)
             tile_undo(s, L);
         while (s->nforb > fmark)
@@ -593,8 +787,10 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
                 acc[w] |= s->why[w];
         }
     }
-    if (st == 0 && acc && !jumped)
+    if (st == 0 && acc && !jumped) {
         memcpy(s->why, acc, s->nw * sizeof *acc);
+        ng_learn(s);
+    }
     s->ncand = base;
     return st;
 }
@@ -645,6 +841,16 @@ static void ts_free(ts *s)
     free(s->col);
     free(s->forb);
     free(s->forb_cnt);
+    if (s->wl)
+        for (size_t i = 0; i < s->c->n; i++)
+            free(s->wl[i]);
+    free(s->wl);
+    free(s->wl_n);
+    free(s->wl_cap);
+    free(s->ng);
+    free(s->ng_lit);
+    free(s->unit);
+    free(s->unit_cnt);
     free((void *)s->items);
 }
 
@@ -694,6 +900,30 @@ static int ts_init(ts *s, const plan_ctx *c, int o)
             s->lvl = s->col_start = s->col_n = s->col = NULL;
         }
     }
+    if (s->acc) { /* nogoods need the causes; without room for them, none are kept */
+        s->ng_caplit = TILE_NG_LITS;
+        s->capng = TILE_NG_LITS / 2;
+        s->ng_lit = malloc(s->ng_caplit * sizeof *s->ng_lit);
+        s->ng = malloc(s->capng * sizeof *s->ng);
+        s->wl = calloc(n, sizeof *s->wl);
+        s->wl_n = calloc(n, sizeof *s->wl_n);
+        s->wl_cap = calloc(n, sizeof *s->wl_cap);
+        s->unit_cnt = calloc(n, sizeof *s->unit_cnt);
+        if (!s->ng_lit || !s->ng || !s->wl || !s->wl_n || !s->wl_cap || !s->unit_cnt) {
+            free(s->unit_cnt);
+            s->unit_cnt = NULL;
+            free(s->ng_lit);
+            free(s->ng);
+            free(s->wl);
+            free(s->wl_n);
+            free(s->wl_cap);
+            s->ng_lit = NULL;
+            s->ng = NULL;
+            s->wl = NULL;
+            s->wl_n = s->wl_cap = NULL;
+        }
+    }
+    s->ng_hit = -1;
     s->capcand = 4 * n + 16; /* grows when a path holds more */
     s->cand = malloc(s->capcand * sizeof *s->cand);
     uint32_t *fl = calloc(S + 1, sizeof *fl), *fh = calloc(S + 1, sizeof *fh);
@@ -772,6 +1002,9 @@ static void tile_step(tile_run *x)
             s->cuts[t]++;
     s->nplaced = 0;
     s->ncand = 0;
+    while (s->nunit)
+        s->unit_cnt[s->unit[--s->nunit].item]--;
+    ng_forget(s);
     s->restart = x->r++;
     s->nodes = 0;
     s->node_limit = x->limit - x->total;
