@@ -96,34 +96,33 @@ def main(argv):
         for li in range(a.layers - 1, -1, -1):
             keep = layers[li]
             base = 1 + li * len(layer_shapes)
+
+            def wgrad(*ws):  # the layer's weight gradients, in the order backward makes them
+                for w in ws:
+                    grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+
             g_h = alloc(e * BS * FF)  # through fc2, gelu, fc1
-            for w in (10, 11):
-                grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+            wgrad(10, 11)
             g_h2 = alloc(e * BS * FF)
             free(g_h)
-            for w in (8, 9):
-                grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+            wgrad(8, 9)
             ndx = alloc(e * BS * D)
             free(g_h2)
-            for w in (6, 7):
-                grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+            wgrad(6, 7)
             free(dx)
             dx = ndx
             g_o = alloc(e * BS * D)  # through the output projection
-            for w in (4, 5):
-                grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+            wgrad(4, 5)
             g_p = alloc(e * B * H * S * S)  # attention: softmax and scores' gradients
             g_s = alloc(e * B * H * S * S)
             free(g_p)
             g_qkv = alloc(e * 3 * BS * D)
             free(g_s)
             free(g_o)
-            for w in (2, 3):
-                grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+            wgrad(2, 3)
             ndx = alloc(e * BS * D)
             free(g_qkv)
-            for w in (0, 1):
-                grads[base + w] = alloc(4 * numel(layer_shapes[w]))
+            wgrad(0, 1)
             free(dx)
             dx = ndx
             for t in reversed(keep):
