@@ -361,7 +361,8 @@ def t_handoff(bench, wdir, src):
 def t_generators(bench, wdir, src):
     """The synthetic trace generators of docs/benchmarks.md ("Handle sizes") write traces that
     replay: every block freed by the end, replayed with vmm_check, and the variable-length training
-    run's activation sizes change from step to step."""
+    run's activation sizes change from step to step; repeat_step.py lengthens a recorded run
+    without changing its live peak."""
     gens = [("gen_streams_trace.py", ["--layers", "3"]), ("gen_offload_trace.py", ["--layers", "2"]),
             ("gen_varlen_trace.py", ["--steps", "4", "--layers", "2", "--d-model", "256", "--vocab", "1000"]),
             ("gen_varlen_trace.py", ["--steps", "3", "--layers", "2", "--d-model", "256", "--vocab", "1000", "--bf16"])]
@@ -388,6 +389,17 @@ def t_generators(bench, wdir, src):
             check(m["ooms"] == 0 and m["peak_allocated_bytes"] > 0, f"{gen}: replays without OOM")
             if gen == "gen_varlen_trace.py":
                 check(len(sizes) > 30, f"{gen}: activation sizes vary with the sequence length ({len(sizes)} sizes)")
+        # repeat_step.py: a recorded three-step run lengthened to ten steps keeps its live peak
+        step = os.path.join(wdir, "cs336_niu_train3_ctx100.trace.csv")
+        if os.path.isfile(step):
+            path = os.path.join(d, "repeat.csv")
+            p = run([sys.executable, os.path.join(src, "scripts", "repeat_step.py"), step, "--times", "10", "-o", path])
+            check(p.returncode == 0 and "0 frees without a match" in p.stderr, f"repeat_step.py: {p.stderr.strip()}")
+            orig = replay_json(bench, step, "--mode", "expandable")["expandable"]
+            m = replay_json(bench, path, "--mode", "expandable", "--check", "2000")["expandable"]
+            check(m["ooms"] == 0 and m["peak_allocated_bytes"] == orig["peak_allocated_bytes"],
+                  f"repeat_step.py: the same live peak ({m['peak_allocated_bytes']} == {orig['peak_allocated_bytes']})")
+            check(m["allocations"] > 3 * orig["allocations"], "repeat_step.py: the step repeated")
 
 
 # The traces of 1 GB or more in workloads/pytorch that miss the fragmentation targets today, with
