@@ -108,6 +108,7 @@ typedef struct ts {
     } **wl;                         /* per item: the nogoods watching it */
     uint32_t *wl_n, *wl_cap;
     int64_t ng_hit;                 /* the nogood the latest placement completed, or -1 */
+    uint32_t node_lo, node_hi;      /* slots of the node placing now (ng_local) */
     /* Units: nogoods all of whose placements but one (item at offset) are made, so that one is
      * barred; found when a placement moves a watch, kept while it stays (level: its index). */
     struct tile_unit {
@@ -135,6 +136,22 @@ static uint64_t max_floor(const ts *s, uint32_t lo, uint32_t hi)
     return m;
 }
 
+/* 1 when every placement of nogood ng is of an item meeting the slots of the node placing now. A
+ * nogood is a fact about the whole instance, but one naming a placement of another part (parts
+ * split apart are solved one after the other, and an earlier one's placements are undone when a
+ * later one fails) would give a failure a cause that lacks a placement it needs; such a nogood is
+ * not used there (only less pruning). */
+static int ng_local(const ts *s, const struct tile_ng *ng)
+{
+    const struct tile_lit *l = s->ng_lit + ng->start;
+    for (uint32_t q = 0; q < ng->len; q++) {
+        const plan_item *it = &s->items[l[q].item];
+        if (it->lo >= s->node_hi || it->hi <= s->node_lo)
+            return 0;
+    }
+    return 1;
+}
+
 /* 1 when item i may not go to h: a swap of a refuted pair, or a nogood whose other placements are
  * all made. Adds the reason to w when given: what refuted the pair's first try, and the placement
  * of the pair's second; or the nogood's other placements. */
@@ -157,7 +174,7 @@ static int barred(const ts *s, uint32_t i, uint64_t h, uint64_t *w)
         return 0;
     for (size_t e = s->nunit; e > 0; e--) {
         const struct tile_unit *u = &s->unit[e - 1];
-        if (u->item != i || u->at != h)
+        if (u->item != i || u->at != h || !ng_local(s, &s->ng[u->g]))
             continue;
         if (w) {
             const struct tile_ng *ng = &s->ng[u->g];
@@ -420,7 +437,7 @@ static void ng_put(ts *s, uint32_t i, uint64_t h)
             continue;
         }
         if (s->pos[l[other].item] == l[other].at) {
-            if (s->ng_hit < 0)
+            if (s->ng_hit < 0 && ng_local(s, ng))
                 s->ng_hit = g;
         } else
             ng_unit(s, g, other);
@@ -633,6 +650,8 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
     }
     s->budget--;
     s->nodes++;
+    s->node_lo = lo;
+    s->node_hi = hi;
     /* Branch on the wall cell of a stretch walled both sides (the lowest one is) with the fewest
      * candidates; a wall cell anywhere without one fails the node. */
     size_t best = SIZE_MAX;
@@ -764,6 +783,8 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
             s->forb[s->nforb++] = (struct tile_forb){j, (uint32_t)L, h + it->size};
             s->forb_cnt[j]++;
         }
+        s->node_lo = lo; /* a child node's since the last candidate */
+        s->node_hi = hi;
         tile_put(s, i, h);
         if (s->ng_hit >= 0) { /* a nogood: fails for its placements */
             const struct tile_ng *ng = &s->ng[s->ng_hit];
