@@ -23,6 +23,11 @@ void vmm_meta_free(vmm_meta *m, void *p, size_t size);
  * with vmm_meta_table_free and the same size. Counted in vmm_meta_bytes. Thread safe. */
 void *vmm_meta_table_alloc(vmm_meta *m, size_t size);
 void vmm_meta_table_free(vmm_meta *m, void *p, size_t size);
+/* Records of VMM_META_REC bytes (the pool's block records), zeroed, from 2 MiB huge-page chunks;
+ * NULL when out of host memory. Free with vmm_meta_rec_free. Counted in vmm_meta_bytes. Thread safe. */
+enum { VMM_META_REC = 128 };
+void *vmm_meta_rec_alloc(vmm_meta *m);
+void vmm_meta_rec_free(vmm_meta *m, void *p);
 int64_t vmm_meta_bytes(const vmm_meta *m);           /* bytes currently allocated */
 const char *vmm_meta_backend(const vmm_meta *m);      /* "jemalloc-arena" or "libc" */
 

@@ -86,6 +86,8 @@ size_t vmm_classic_segment_size(size_t rounded)
 
 /* A record with its treap priority set and every other field stale (recycled) or zero (new), from
  * the record cache of books bk (a lane's), or the allocator's (bk NULL). */
+_Static_assert(sizeof(vmm_block) == VMM_META_REC, "block records come from vmm_meta_rec_alloc");
+
 static vmm_block *block_pop(vmm_allocator *a, vmm_books *bk)
 {
     vmm_block **cache = bk ? &bk->block_cache : &a->block_cache;
@@ -97,7 +99,7 @@ static vmm_block *block_pop(vmm_allocator *a, vmm_books *bk)
         (*n)--;
         return b;
     }
-    b = vmm_meta_alloc(a->meta, sizeof *b); /* thread safe: lane paths allocate side by side */
+    b = vmm_meta_rec_alloc(a->meta); /* thread safe: lane paths allocate side by side */
     if (b) {
         /* treap priority from a counter hashed (splitmix-style): deterministic, well mixed */
         static _Thread_local uint64_t ctr;
@@ -164,7 +166,7 @@ static void cache_put(vmm_allocator *a, vmm_block **cache, size_t *n, size_t cap
         (*n)++;
         return;
     }
-    vmm_meta_free(a->meta, b, sizeof *b);
+    vmm_meta_rec_free(a->meta, b);
 }
 
 static void cache_drain(vmm_allocator *a, vmm_block **cache, size_t *n)
@@ -172,7 +174,7 @@ static void cache_drain(vmm_allocator *a, vmm_block **cache, size_t *n)
     while (*cache) {
         vmm_block *b = *cache;
         *cache = b->next;
-        vmm_meta_free(a->meta, b, sizeof *b);
+        vmm_meta_rec_free(a->meta, b);
     }
     *n = 0;
 }

@@ -1,6 +1,7 @@
 // ctest-labels: unit
 /* Metadata records come from a private jemalloc arena in programs that link jemalloc, from libc
- * otherwise, and their bytes are counted either way; tables from huge-page chunks. */
+ * otherwise, and their bytes are counted either way; tables and the pool's block records from
+ * huge-page chunks. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,46 @@ static void tables(vmm_meta *m)
     CHECK_EQ(vmm_meta_bytes(m), base);
 }
 
+/* Records (vmm_meta_rec_alloc): zeroed though the room held an older record, distinct, counted,
+ * and a chunk of them (2 MiB: 16,383 records and its header) given back to the OS when its last
+ * record is freed, but for one spare kept mapped. */
+static void records(vmm_meta *m)
+{
+    enum { PER = (1 << 21) / VMM_META_REC - 1, N = 3 * PER + 10 };
+    static void *r[N];
+    for (int i = 0; i < N; i++) {
+        r[i] = vmm_meta_rec_alloc(m);
+        CHECK(r[i] != NULL);
+        CHECK(((uintptr_t)r[i] & (VMM_META_REC - 1)) == 0);
+        CHECK(((unsigned char *)r[i])[0] == 0 && ((unsigned char *)r[i])[VMM_META_REC - 1] == 0);
+        memset(r[i], 0xcd, VMM_META_REC);
+    }
+    CHECK_EQ(vmm_meta_bytes(m), (int64_t)N * VMM_META_REC);
+    /* four chunks: the second one's records freed (the chunk kept as the spare), then as many again:
+     * zeroed though their rooms held records */
+    uintptr_t c1 = (uintptr_t)r[PER] & ~(uintptr_t)((1 << 21) - 1);
+    CHECK(((uintptr_t)r[2 * PER - 1] & ~(uintptr_t)((1 << 21) - 1)) == c1);
+    for (int i = PER; i < 2 * PER; i++)
+        vmm_meta_rec_free(m, r[i]);
+    CHECK(mapped((void *)c1)); /* the spare */
+    for (int i = PER; i < 2 * PER; i++) {
+        r[i] = vmm_meta_rec_alloc(m);
+        CHECK(r[i] != NULL && ((unsigned char *)r[i])[5] == 0);
+    }
+    for (int i = 0; i < N; i++)
+        for (int j = i + 1; j < N && j < i + 4; j++)
+            CHECK(r[i] != r[j]);
+    uintptr_t c0 = (uintptr_t)r[0] & ~(uintptr_t)((1 << 21) - 1);
+    for (int i = 0; i < N; i++)
+        vmm_meta_rec_free(m, r[i]);
+    CHECK_EQ(vmm_meta_bytes(m), 0);
+    int still = 0;
+    for (int i = 0; i < N; i += PER)
+        still += mapped((void *)((uintptr_t)r[i] & ~(uintptr_t)((1 << 21) - 1)));
+    CHECK(still <= 1); /* the spare only */
+    (void)c0;
+}
+
 int main(void)
 {
     vmm_meta *m;
@@ -113,6 +154,7 @@ int main(void)
     vmm_meta_free(m, rec, 128);
     exercise(m);
     tables(m);
+    records(m);
     vmm_meta_close(m);
 #else
     /* built without jemalloc (VMM_REQUIRE_JEMALLOC=OFF): the arena half cannot run; libc's does */
@@ -124,6 +166,7 @@ int main(void)
     CHECK(strcmp(vmm_meta_backend(m), "libc") == 0);
     exercise(m);
     tables(m);
+    records(m);
     vmm_meta_close(m);
     TEST_DONE();
 }
