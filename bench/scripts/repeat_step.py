@@ -4,11 +4,11 @@ training steps: the events before the step as recorded, then the step N times, f
 replay` of a long run when only a few steps were recorded (docs/benchmarks.md, "Handle sizes").
 
 A step is the alloc / free_completed events [FROM, TO) (indices among those two actions; by default
-the trace's last complete step, between the two last minima of live bytes that equal the first
-one's). Each repetition allocates at fresh addresses. A free inside the step of a block the step did
-not allocate (a gradient of the previous step freed by zero_grad, say) frees, from the second
-repetition on, the oldest block of the same size that the previous repetition left live; the
-events after the step are dropped. free_requested lines are dropped (the replay acts on
+the trace's last complete step: between the two last times live bytes fall to their least value
+after the trace's peak). Each repetition allocates at fresh addresses. A free inside the step of a
+block the step did not allocate (a gradient of the previous step freed by zero_grad, say) frees,
+from the second repetition on, the oldest block of the same size that the previous repetition left
+live; the events after the step are dropped. free_requested lines are dropped (the replay acts on
 free_completed).
 
 usage: repeat_step.py TRACE.csv [--from N --to M] [--times N] [-o OUT.csv]
@@ -42,7 +42,7 @@ def last_step(ev):
     """[from, to) between the two last points after which live bytes fall back to a level seen
     before (a step boundary: what stays across steps is live, nothing of the step is)."""
     curve = live_curve(ev)
-    # the step's low point: the least live bytes after the first half of the trace's peak
+    # the steps' low point: the least live bytes after the trace's peak
     peak_at = max(range(len(curve)), key=curve.__getitem__)
     low = min(curve[peak_at:])
     marks = [i + 1 for i in range(len(curve)) if curve[i] == low]

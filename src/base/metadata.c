@@ -113,11 +113,17 @@ void vmm_meta_close(vmm_meta *m)
     free(m);
 }
 
+/* Bytes handed out, for vmm_meta_bytes: records, tables and record chunks alike. */
+static inline void meta_count(vmm_meta *m, int64_t delta)
+{
+    atomic_fetch_add_explicit(&m->bytes, delta, memory_order_relaxed);
+}
+
 void *vmm_meta_alloc(vmm_meta *m, size_t size)
 {
     void *p = m->mallocx ? m->mallocx(size, m->flags | JE_MALLOCX_ZERO) : calloc(1, size);
     if (p)
-        atomic_fetch_add_explicit(&m->bytes, (int64_t)size, memory_order_relaxed);
+        meta_count(m, (int64_t)size);
     return p;
 }
 
@@ -125,7 +131,7 @@ void vmm_meta_free(vmm_meta *m, void *p, size_t size)
 {
     if (!p)
         return;
-    atomic_fetch_sub_explicit(&m->bytes, (int64_t)size, memory_order_relaxed);
+    meta_count(m, -(int64_t)size);
     if (m->sdallocx)
         m->sdallocx(p, size, m->flags);
     else
@@ -188,7 +194,7 @@ void *vmm_meta_table_alloc(vmm_meta *m, size_t size)
             memset(p, 0, size); /* a free block holds a list link, a reused one old slots */
     }
     if (p)
-        atomic_fetch_add_explicit(&m->bytes, (int64_t)size, memory_order_relaxed);
+        meta_count(m, (int64_t)size);
     return p;
 }
 
@@ -200,7 +206,7 @@ void vmm_meta_table_free(vmm_meta *m, void *p, size_t size)
         vmm_meta_free(m, p, size);
         return;
     }
-    atomic_fetch_sub_explicit(&m->bytes, (int64_t)size, memory_order_relaxed);
+    meta_count(m, -(int64_t)size);
     if (size >= TBL_CHUNK) {
         munmap(p, size);
         return;
@@ -279,7 +285,7 @@ void *vmm_meta_rec_alloc(vmm_meta *m)
         rec_unlink(m, c); /* full */
     pthread_mutex_unlock(&m->rec_mu);
     memset(p, 0, VMM_META_REC); /* a freed record holds a list link, a reused one old fields */
-    atomic_fetch_add_explicit(&m->bytes, (int64_t)VMM_META_REC, memory_order_relaxed);
+    meta_count(m, VMM_META_REC);
     return p;
 }
 
@@ -287,7 +293,7 @@ void vmm_meta_rec_free(vmm_meta *m, void *p)
 {
     if (!p)
         return;
-    atomic_fetch_sub_explicit(&m->bytes, (int64_t)VMM_META_REC, memory_order_relaxed);
+    meta_count(m, -(int64_t)VMM_META_REC);
     rec_chunk *c = (rec_chunk *)((uintptr_t)p & ~(uintptr_t)(TBL_CHUNK - 1));
     pthread_mutex_lock(&m->rec_mu);
     if (c->used == REC_PER_CHUNK - 1) { /* was full: has a free record again */
