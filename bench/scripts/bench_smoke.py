@@ -6,6 +6,7 @@ usage: bench_smoke.py TEST VMM_BENCH WORKLOADS_DIR BENCH_SOURCE_DIR
 """
 
 import collections
+import gzip
 import json
 import os
 import pickle
@@ -165,6 +166,70 @@ def t_rmm(bench, wdir, src):
             check(m["ooms"] == 0, f"rmm {m['mode']}: no OOM")
         e = modes["expandable"]
         check(e["driver_calls"].get("stream_create", 0) == 0, "stream creation is not counted as replay cost")
+
+
+def t_kineto(bench, wdir, src):
+    """kineto_to_trace.py on a profiler trace made here: CUDA '[memory]' events of two threads out of
+    time order, CPU events and a second device to leave out, a free of a block from before the
+    window; then the traces it must refuse."""
+    conv = os.path.join(src, "scripts", "kineto_to_trace.py")
+
+    def mem(ts, addr, nbytes, dev=0, dtype=1, tid=1, idx=None, with_addr=True):
+        args = {"Device Type": dtype, "Device Id": dev, "Bytes": nbytes}
+        if with_addr:
+            args["Addr"] = addr
+        if idx is not None:
+            args["Ev Idx"] = idx
+        return {"ph": "i", "s": "t", "name": "[memory]", "pid": 9, "tid": tid, "ts": ts, "args": args}
+
+    events = [{"ph": "X", "name": "aten::mm", "ts": 5, "dur": 3, "pid": 9, "tid": 1},
+              mem(10, 0x1000, 4 << 20, idx=1),
+              mem(11, 0x900, 512, dtype=0, dev=-1),          # host memory: not replayed
+              mem(30, 0x1000, -(4 << 20), tid=2, idx=4),     # the autograd thread's, written first
+              mem(20, 0x3000, 6 << 20, idx=2),
+              mem(20, 0x5000, 2 << 20, idx=3),               # same time stamp: Ev Idx orders
+              mem(25, 0x7000, 1 << 20, dev=1),               # another device
+              mem(40, 0xbeef, -512),                         # allocated before the window
+              mem(50, 0x1000, 8 << 20, idx=6),
+              mem(60, 0x3000, -(6 << 20), idx=7)]
+    want = ["alloc,4096,4194304", "alloc,12288,6291456", "alloc,20480,2097152",
+            "free_completed,4096,4194304", "free_completed,48879,512", "alloc,4096,8388608",
+            "free_completed,12288,6291456"]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.pt.trace.json")
+        with open(path, "w") as f:
+            json.dump({"schemaVersion": 1, "traceEvents": events}, f)
+        p = run([sys.executable, conv, path])
+        check(p.returncode == 2 and "--device" in p.stderr, f"kineto: two devices need --device: {p.stderr!r}")
+        out = os.path.join(d, "t.csv")
+        p = run([sys.executable, conv, path, "--device", "0", "-o", out])
+        check(p.returncode == 0, f"kineto: exit 0, got {p.returncode}: {p.stderr}")
+        with open(out) as f:
+            lines = f.read().splitlines()
+        check(lines[0] == "action,addr,size,stream,time_us", "kineto: header")
+        got = [",".join(line.split(",")[:3]) for line in lines[1:]]
+        check(got == want, f"kineto: events in time order, device 0 only: {got}")
+        check(all(line.split(",")[3] == "0" for line in lines[1:]), "kineto: stream 0")
+        modes = replay_json(bench, out)
+        for m in modes.values():
+            check(m["lower_bound_bytes"] == 16 << 20, f"kineto {m['mode']}: lower bound 16 MiB, "
+                  f"got {m['lower_bound_bytes']}")
+            check(m["events"] == 6, f"kineto {m['mode']}: the free from before the window dropped")
+        # Gzip is read the same way.
+        gz = path + ".gz"
+        with open(path, "rb") as f, gzip.open(gz, "wb") as g:
+            g.write(f.read())
+        p = run([sys.executable, conv, gz, "--device", "0"])
+        check(p.returncode == 0 and p.stdout.splitlines() == lines, "kineto: .json.gz gives the same CSV")
+        # Refused: no Addr (old profilers), no CUDA memory events, not a trace.
+        for name, doc, msg in (("noaddr", {"traceEvents": [mem(1, 0, 64, with_addr=False)]}, "Addr"),
+                               ("nomem", {"traceEvents": events[:1]}, "profile_memory"),
+                               ("notrace", {"schemaVersion": 1}, "traceEvents")):
+            bad = os.path.join(d, name + ".json")
+            with open(bad, "w") as f:
+                json.dump(doc, f)
+            p = run([sys.executable, conv, bad])
+            check(p.returncode == 2 and msg in p.stderr, f"kineto: {name} refused with exit 2: {p.stderr!r}")
 
 
 def converted(src, pickle_path):

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Convert a PyTorch profiler (Kineto) Chrome trace recorded with profile_memory=True into the
+trace CSV that vmm-bench replays: action,addr,size,stream,time_us.
+
+The profiler writes one instant event named "[memory]" per allocator call, with args "Device Type"
+(1 = CUDA), "Device Id", "Addr" and "Bytes" (positive: an allocation of that many bytes at Addr;
+negative: its free). Each becomes an 'alloc' or a 'free_completed' line, ordered by time stamp (and
+by "Ev Idx" where present; the autograd thread's events interleave with the main thread's). The
+profiler does not record the stream, so every line is on stream 0. Only events inside the
+profiler's active window are there: a free of a block allocated before it is kept in the CSV and
+dropped by vmm-bench (counted as a free of an unknown address), and the blocks live when the window
+opened are not in the replay. Traces from profilers that predate the "Addr" field (before PyTorch
+1.10) cannot pair frees with allocations and are refused.
+
+Standard library only; reads .json or .json.gz.
+
+usage: kineto_to_trace.py TRACE.json[.gz] [-o OUT.csv] [--device N]
+exit: 0 written; 2 not a usable trace (message on stderr).
+"""
+
+import argparse
+import gzip
+import json
+import sys
+
+CUDA = 1
+
+
+def load(path):
+    with open(path, "rb") as f:
+        head = f.read(2)
+    opener = gzip.open if head == b"\x1f\x8b" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def memory_events(trace):
+    events = trace.get("traceEvents") if isinstance(trace, dict) else trace
+    if not isinstance(events, list):
+        raise ValueError("not a Chrome trace: no 'traceEvents' list")
+    out = []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("name") != "[memory]":
+            continue
+        a = e.get("args")
+        if not isinstance(a, dict):
+            continue
+        # Older profilers wrote the device type as a string.
+        dtype = a.get("Device Type")
+        if dtype not in (CUDA, "CUDA", "cuda"):
+            continue
+        out.append((i, e, a))
+    return out
+
+
+def convert(trace, device=None):
+    """Returns (rows, device, dropped): rows are (action, addr, size, time_us)."""
+    mem = memory_events(trace)
+    if not mem:
+        raise ValueError("no CUDA '[memory]' events: record with torch.profiler.profile(profile_memory=True)")
+    devices = sorted({int(a.get("Device Id", 0)) for _, _, a in mem})
+    if device is None:
+        if len(devices) != 1:
+            raise ValueError(f"CUDA memory events of devices {devices}: choose one with --device")
+        device = devices[0]
+    elif device not in devices:
+        raise ValueError(f"no CUDA memory events of device {device} (devices: {devices})")
+    picked = []
+    for i, e, a in mem:
+        if int(a.get("Device Id", 0)) != device:
+            continue
+        if "Addr" not in a:
+            raise ValueError("memory events carry no 'Addr': frees cannot be paired with allocations "
+                             "(a profiler older than PyTorch 1.10?)")
+        try:
+            ts, addr, nbytes = float(e["ts"]), int(a["Addr"]), int(a["Bytes"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"trace event {i}: bad or missing field: {err}") from None
+        picked.append((ts, int(a.get("Ev Idx", i)), i, addr, nbytes))
+    picked.sort()
+    rows, dropped = [], 0
+    for ts, _, _, addr, nbytes in picked:
+        if nbytes > 0:
+            rows.append(("alloc", addr, nbytes, ts))
+        elif nbytes < 0:
+            rows.append(("free_completed", addr, -nbytes, ts))
+        else:
+            dropped += 1
+    return rows, device, dropped
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("-o", "--output", help="output CSV (default: stdout)")
+    ap.add_argument("--device", type=int, help="CUDA device id (default: the only one in the trace)")
+    args = ap.parse_args()
+    try:
+        rows, device, dropped = convert(load(args.trace), args.device)
+    except (OSError, ValueError, EOFError) as err:  # json.JSONDecodeError is a ValueError
+        print(f"kineto_to_trace: {args.trace}: {err}", file=sys.stderr)
+        return 2
+    out = open(args.output, "w") if args.output else sys.stdout
+    try:
+        out.write("action,addr,size,stream,time_us\n")
+        for action, addr, size, ts in rows:
+            out.write(f"{action},{addr},{size},0,{int(ts)}\n")
+    finally:
+        if args.output:
+            out.close()
+    print(f"kineto_to_trace: wrote {len(rows)} events of CUDA device {device}"
+          f"{f' ({dropped} of 0 bytes skipped)' if dropped else ''}"
+          f"{f' to {args.output}' if args.output else ''}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
