@@ -3,14 +3,14 @@
 trace CSV that vmm-bench replays: action,addr,size,stream,time_us.
 
 The profiler writes one instant event named "[memory]" per allocator call, with args "Device Type"
-(1 = CUDA), "Device Id", "Addr" and "Bytes" (positive: an allocation of that many bytes at Addr;
-negative: its free). Each becomes an 'alloc' or a 'free_completed' line, ordered by time stamp (and
-by "Ev Idx" where present; the autograd thread's events interleave with the main thread's). The
-profiler does not record the stream, so every line is on stream 0. Only events inside the
-profiler's active window are there: a free of a block allocated before it is kept in the CSV and
-dropped by vmm-bench (counted as a free of an unknown address), and the blocks live when the window
-opened are not in the replay. Traces from profilers that predate the "Addr" field (before PyTorch
-1.10) cannot pair frees with allocations and are refused.
+(1 = CUDA; 6 = HIP, PyTorch on ROCm, the same caching allocator), "Device Id", "Addr" and "Bytes"
+(positive: an allocation of that many bytes at Addr; negative: its free). Each becomes an 'alloc' or
+a 'free_completed' line, ordered by time stamp (and by "Ev Idx" where present; the autograd thread's
+events interleave with the main thread's). The profiler does not record the stream, so every line is
+on stream 0. Only events inside the profiler's active window are there: a free of a block allocated
+before it is kept in the CSV and dropped by vmm-bench (counted as a free of an unknown address), and
+the blocks live when the window opened are not in the replay. Traces from profilers that predate the
+"Addr" field (before PyTorch 1.10) cannot pair frees with allocations and are refused.
 
 Standard library only; reads .json or .json.gz.
 
@@ -23,7 +23,8 @@ import gzip
 import json
 import sys
 
-CUDA = 1
+# c10::DeviceType values of GPU memory; older profilers wrote the name.
+GPU_TYPES = (1, 6, "CUDA", "cuda", "HIP", "hip")
 
 
 def load(path):
@@ -45,9 +46,7 @@ def memory_events(trace):
         a = e.get("args")
         if not isinstance(a, dict):
             continue
-        # Older profilers wrote the device type as a string.
-        dtype = a.get("Device Type")
-        if dtype not in (CUDA, "CUDA", "cuda"):
+        if a.get("Device Type") not in GPU_TYPES:
             continue
         out.append((i, e, a))
     return out
@@ -57,14 +56,14 @@ def convert(trace, device=None):
     """Returns (rows, device, dropped): rows are (action, addr, size, time_us)."""
     mem = memory_events(trace)
     if not mem:
-        raise ValueError("no CUDA '[memory]' events: record with torch.profiler.profile(profile_memory=True)")
+        raise ValueError("no GPU '[memory]' events: record with torch.profiler.profile(profile_memory=True)")
     devices = sorted({int(a.get("Device Id", 0)) for _, _, a in mem})
     if device is None:
         if len(devices) != 1:
-            raise ValueError(f"CUDA memory events of devices {devices}: choose one with --device")
+            raise ValueError(f"GPU memory events of devices {devices}: choose one with --device")
         device = devices[0]
     elif device not in devices:
-        raise ValueError(f"no CUDA memory events of device {device} (devices: {devices})")
+        raise ValueError(f"no GPU memory events of device {device} (devices: {devices})")
     picked = []
     for i, e, a in mem:
         if int(a.get("Device Id", 0)) != device:
@@ -93,7 +92,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
     ap.add_argument("-o", "--output", help="output CSV (default: stdout)")
-    ap.add_argument("--device", type=int, help="CUDA device id (default: the only one in the trace)")
+    ap.add_argument("--device", type=int, help="GPU device id (default: the only one in the trace)")
     args = ap.parse_args()
     try:
         rows, device, dropped = convert(load(args.trace), args.device)
@@ -108,7 +107,7 @@ def main():
     finally:
         if args.output:
             out.close()
-    print(f"kineto_to_trace: wrote {len(rows)} events of CUDA device {device}"
+    print(f"kineto_to_trace: wrote {len(rows)} events of GPU device {device}"
           f"{f' ({dropped} of 0 bytes skipped)' if dropped else ''}"
           f"{f' to {args.output}' if args.output else ''}", file=sys.stderr)
     return 0
