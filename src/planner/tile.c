@@ -21,7 +21,9 @@
  * pair swapped). A failed node's cause, when short, is kept across restarts as a nogood (placements
  * no tiling holds together), watched on two of its placements: a placement that completes one
  * fails at once, and one that leaves a single placement of it missing bars that one while it stays
- * (so a later restart does not rediscover what an earlier one learned). Restarts follow Luby's sequence of node
+ * (so a later restart does not rediscover what an earlier one learned). A node evaluates again
+ * only the stretches a change since it last looked can affect (the stretch cache: exact, it
+ * saves time, not nodes). Restarts follow Luby's sequence of node
  * budgets, in both time directions (two searches, on two threads when the caller has them), each
  * with another tie order: a fixed sequence, so the search is anytime in nodes, as exact.c. Other instances (some slot below the bound) are not for this
  * search: plan_tile_applies says so. */
