@@ -49,7 +49,7 @@ enum {
     TILE_NG_LITS = 1 << 18,
     /* Watch lists per item and per bucket of offsets (a placement scans only the nogoods
      * watching the item at offsets in its bucket, not those at its other offsets). */
-    TILE_WB = 16,
+    TILE_WB = 16, /* 8% less time per node than one list per item (alternate 500/336) */
 };
 
 typedef struct ts {
@@ -724,8 +724,7 @@ static int tile_dfs(ts *s, uint32_t lo, uint32_t hi)
 /* The wall cell of stretch [a, b) (part [lo, hi)) on side 0 (slot a, against a left wall) or 1
  * (slot b - 1, right wall): its candidates, or 0 when it has none or the items that could fill
  * up to the wall's top lack the bytes. With why, the cause of a 0 goes to s->why. */
-static size_t stretch_side(ts *s, int side, uint32_t a, uint32_t b, uint32_t lo, uint32_t hi, int *failp,
-                           int *widep, int *basinp, int why)
+static size_t stretch_side(ts *s, int side, uint32_t a, uint32_t b, uint32_t lo, uint32_t hi, int why)
 {
     uint64_t h = s->floor[a];
     int lw = a == lo || s->floor[a - 1] > h, rw = b == hi || s->floor[b] > h;
@@ -739,7 +738,6 @@ static size_t stretch_side(ts *s, int side, uint32_t a, uint32_t b, uint32_t lo,
     int wide = !fail && both && inside < (hl < hr ? hl : hr) - h;
     int basin = !fail && !wide && both && side == 0 && b - a > 2 && (!basin_fits(s, a, b, (hl < hr ? hl : hr) - h));
     size_t k = fail || wide || basin ? 0 : cell_cands(s, side, side ? b : a, h, both, side ? a : b, NULL);
-    *failp = fail, *widep = wide, *basinp = basin;
     if (k == 0 && why) {
         /* Why: the wall cell (both walls' when both count), every column of a basin (its floor),
          * and what turned down each candidate of a one-wall cell. */
@@ -801,22 +799,19 @@ static int tile_node(ts *s, uint32_t lo, uint32_t hi)
         if (k[0] == UINT32_MAX && k[1] == UINT32_MAX) {
             for (int side = 0; side < 2; side++)
                 if (side ? rw : lw) {
-                    int fail, wide, basin;
-                    k[side] = (uint32_t)stretch_side(s, side, a, b, lo, hi, &fail, &wide, &basin, 0);
+                    k[side] = (uint32_t)stretch_side(s, side, a, b, lo, hi, 0);
                     if (k[side] == 0)
                         break;
                 }
-            if (e && k[0] != 0 && k[1] != 0) {
+            if (e && k[0] != 0 && k[1] != 0)
                 *e = (struct tile_sc){++s->clock, h, b, lo, hi, {k[0], k[1]}};
-            }
         }
         int both = lw && rw;
         for (int side = 0; side < 2; side++) {
             if (!(side ? rw : lw))
                 continue;
             if (k[side] == 0) {
-                int fail, wide, basin;
-                stretch_side(s, side, a, b, lo, hi, &fail, &wide, &basin, 1);
+                stretch_side(s, side, a, b, lo, hi, 1); /* again, for the cause */
                 return 0;
             }
             /* Ties: forwards in time to the lowest stretch, backwards to the leftmost. Leftmost
