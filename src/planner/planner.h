@@ -124,6 +124,10 @@ int plan_tile_applies(const plan_ctx *c);
  * nodes visited. VMM_OK or VMM_EHOSTMEM. */
 int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threads, uint64_t *off, uint64_t *alt,
               uint64_t *nodes, int *found);
+/* Tests only (0 by default; set it before plan_tile, not during): 1 turns the tiling search's
+ * stretch cache off, so every node evaluates every stretch again. The search and its result are
+ * the same either way; only the time differs. */
+extern int plan_tile_no_cache;
 
 /* ---- exact.c -------------------------------------------------------------------------------- */
 typedef struct plan_exact_in {

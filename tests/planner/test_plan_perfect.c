@@ -180,6 +180,49 @@ int main(void)
         printf("small instances: %d of %d tiled\n", tiled, tries);
     }
 
+    /* The stretch cache (tile.c) only saves work: with it off, the search visits the same nodes
+     * and ends with the same tiling, or the same partial ones (each direction's), on every style
+     * at 300 and 1,000 buffers; the node limit cuts most of them short, mid-search. */
+    {
+        static const size_t sizes[] = {300, 1000};
+        int same = 0, tries = 0;
+        for (int style = 0; style < VMM_PLAN_GEN_COUNT; style++)
+            for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+                for (uint64_t seed = 1; seed <= 2; seed++) {
+                    size_t n = sizes[z];
+                    vmm_plan_buffer *cb = calloc(n, sizeof *cb);
+                    uint64_t *o[2], *a[2], cn[2] = {0, 0};
+                    int cf[2] = {-1, -1};
+                    for (int k = 0; k < 2; k++) {
+                        o[k] = calloc(n, sizeof *o[k]);
+                        a[k] = calloc(n, sizeof *a[k]);
+                    }
+                    CHECK(cb && o[0] && o[1] && a[0] && a[1]);
+                    if (cb && o[0] && o[1] && a[0] && a[1]) {
+                        CHECK_OK(vmm_plan_generate(style, n, seed, cb));
+                        plan_ctx cc;
+                        CHECK_OK(plan_ctx_build(&cc, cb, n));
+                        for (int k = 0; k < 2; k++) {
+                            plan_tile_no_cache = k;
+                            CHECK_OK(plan_tile(&cc, plan_now() + 120, 40000, 1, o[k], a[k], &cn[k], &cf[k]));
+                        }
+                        plan_tile_no_cache = 0;
+                        tries++;
+                        int eq = cf[0] == cf[1] && cn[0] == cn[1] && memcmp(o[0], o[1], n * sizeof *o[0]) == 0 &&
+                                 memcmp(a[0], a[1], n * sizeof *a[0]) == 0;
+                        CHECK(eq);
+                        same += eq;
+                        plan_ctx_free(&cc);
+                    }
+                    for (int k = 0; k < 2; k++) {
+                        free(o[k]);
+                        free(a[k]);
+                    }
+                    free(cb);
+                }
+        printf("stretch cache on and off: %d of %d searches the same\n", same, tries);
+    }
+
     /* Alternate 1000/47: chronological backtracking (the tree before backjumping) needed
      * 1,267,731 nodes with one thread; backjumping and the swap bars tile it in 322,519. */
     tiles_within(VMM_PLAN_GEN_ALTERNATE, 47, 400000);
