@@ -127,7 +127,7 @@ int plan_tile(const plan_ctx *c, double deadline, uint64_t node_limit, int threa
 /* Tests only (0 by default; set it before plan_tile, not during): 1 turns the tiling search's
  * stretch cache off, so every node evaluates every stretch again. The search and its result are
  * the same either way; only the time differs. */
-extern int plan_tile_no_cache;
+extern int vmm_plan_tile_no_cache;
 
 /* ---- exact.c -------------------------------------------------------------------------------- */
 typedef struct plan_exact_in {

@@ -137,7 +137,7 @@ typedef struct ts {
     uint32_t *reach0, *reach1;    /* per slot w: the latest end of items starting at w, the earliest start of items ending at w */
 } ts;
 
-int plan_tile_no_cache;
+int vmm_plan_tile_no_cache;
 
 static uint64_t mix(uint64_t x)
 {
@@ -1073,7 +1073,7 @@ static int ts_init(ts *s, const plan_ctx *c, int o)
     s->segn = 1;
     while (s->segn < S + 1)
         s->segn *= 2;
-    s->sc = plan_tile_no_cache ? NULL : calloc(S, sizeof *s->sc);
+    s->sc = vmm_plan_tile_no_cache ? NULL : calloc(S, sizeof *s->sc);
     s->seg = calloc(2 * (size_t)s->segn, sizeof *s->seg);
     s->reach0 = calloc(S + 1, sizeof *s->reach0);
     s->reach1 = malloc((S + 1) * sizeof *s->reach1);

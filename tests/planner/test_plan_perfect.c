@@ -203,10 +203,10 @@ int main(void)
                         plan_ctx cc;
                         CHECK_OK(plan_ctx_build(&cc, cb, n));
                         for (int k = 0; k < 2; k++) {
-                            plan_tile_no_cache = k;
+                            vmm_plan_tile_no_cache = k;
                             CHECK_OK(plan_tile(&cc, plan_now() + 120, 40000, 1, o[k], a[k], &cn[k], &cf[k]));
                         }
-                        plan_tile_no_cache = 0;
+                        vmm_plan_tile_no_cache = 0;
                         tries++;
                         int eq = cf[0] == cf[1] && cn[0] == cn[1] && memcmp(o[0], o[1], n * sizeof *o[0]) == 0 &&
                                  memcmp(a[0], a[1], n * sizeof *a[0]) == 0;
