@@ -100,6 +100,11 @@ typedef struct bench_replay_opts {
     uint64_t check_every;    /* 0: never; else vmm_check every n events and at the end */
     int progress;
     int cuda;                /* 1: the real device (driver:cuda; capacity is the device's), no sim counters */
+    /* Non-NULL: write the allocator's snapshot (vmm_snapshot_pickle) here after the first malloc
+     * that leaves reserved bytes at snapshot_reserved or more (a replay's peak, from an earlier
+     * replay of the same trace: replays on the sim are deterministic), and end the replay there. */
+    const char *snapshot_out;
+    int64_t snapshot_reserved;
 } bench_replay_opts;
 
 typedef struct bench_replay_result {
@@ -124,6 +129,7 @@ typedef struct bench_replay_result {
     uint64_t graph_allocs, graph_bytes; /* allocations routed to private pools, their bytes */
     uint64_t eager_in_pools;            /* eager allocations in a private pool's memory: must be 0 */
     int64_t peak_private_reserved;      /* most bytes the private pools held (at pool ends) */
+    int64_t snapshot_event;             /* the event after which snapshot_out was written; -1 none */
 } bench_replay_result;
 
 /* Replay the trace on a fresh simulated device. Returns BENCH_EXIT_OK or BENCH_EXIT_FAIL (an error

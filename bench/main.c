@@ -4,7 +4,7 @@
  *
  *   vmm-bench replay FILE [--capacity SIZE] [--min-capacity] [--json] [--plot OUT.svg]
  *                         [--mode both|expandable|classic] [--conf K:V,...] [--handles] [--check N]
- *                         [--no-progress] [--driver sim|cuda]
+ *                         [--no-progress] [--driver sim|cuda] [--snapshot-at-peak OUT.pickle]
  *   vmm-bench latency [--max-live N] [--threads 1..8] [--conf K:V,...] [--ring-passes N] [--quick]
  *                     [--json]
  *   vmm-bench scale [--max-events N] [--json]
@@ -49,6 +49,11 @@ static void usage(FILE *f)
             "                        held / handed out, min capacity and driver time against targets\n"
             "      --json            one JSON object per mode per line\n"
             "      --plot OUT.svg    allocated and reserved over the trace (gnuplot)\n"
+            "      --snapshot-at-peak OUT.pickle\n"
+            "                        with --mode expandable or classic: the allocator's snapshot\n"
+            "                        (torch.cuda.memory._snapshot's format, for PyTorch's memory\n"
+            "                        viewer) where reserved bytes first reach their peak; the\n"
+            "                        trace is replayed a second time to get there\n"
             "      --check N         run vmm_check every N events (slow; for testing)\n"
             "      --no-progress     no progress bar\n"
             "  vmm-bench record-graphs OUT.csv [--steps N] [--seed S]\n"
@@ -419,10 +424,37 @@ static int plot(const char *out, const char *path, const bench_trace *t, const b
     return BENCH_EXIT_OK;
 }
 
+/* --snapshot-at-peak: the same replay again (the sim's replays are deterministic), stopped at the
+ * first malloc that takes reserved bytes to the peak the first one saw, where the allocator's
+ * snapshot (PyTorch's pickle format: docs/snapshots.md) is written. */
+static int snapshot_at_peak(const bench_trace *t, const bench_replay_opts *o, const bench_replay_result *r,
+                            const char *out)
+{
+    bench_replay_opts q = *o;
+    bench_replay_result s;
+    q.sample_every = 0;
+    q.progress = 0;
+    q.snapshot_out = out;
+    q.snapshot_reserved = r->peak_reserved;
+    int rc = bench_replay(t, &q, &s);
+    if (!rc && s.snapshot_event < 0) {
+        fprintf(stderr, "vmm-bench: the second replay never reached the first one's reserved peak (%lld "
+                        "bytes): no snapshot written\n", (long long)r->peak_reserved);
+        rc = BENCH_EXIT_FAIL;
+    } else if (!rc) {
+        fprintf(stderr, "vmm-bench: wrote %s: %s mode's snapshot after event %lld of %llu, where reserved "
+                        "bytes first reach their peak, %.2f MiB (allocated peaks at %.2f MiB)\n",
+                out, r->mode, (long long)s.snapshot_event, (unsigned long long)t->n,
+                (double)r->peak_reserved / BENCH_MiB, (double)r->peak_allocated / BENCH_MiB);
+    }
+    bench_replay_result_free(&s);
+    return rc;
+}
+
 /* ---- subcommands ----------------------------------------------------------------------------- */
 static int cmd_replay(int argc, char **argv)
 {
-    const char *path = NULL, *plot_out = NULL, *conf = NULL, *mode = "both";
+    const char *path = NULL, *plot_out = NULL, *conf = NULL, *mode = "both", *snap_out = NULL;
     uint64_t capacity = 80ull << 30, check_every = 0;
     int json = 0, min_cap = 0, progress = 1, handles = 0;
     for (int i = 0; i < argc; i++) {
@@ -441,6 +473,8 @@ static int cmd_replay(int argc, char **argv)
                 return bad_usage("bad --capacity (a size like 80G, at least 2M)", argv[i]);
         } else if (!strcmp(a, "--plot") && more)
             plot_out = argv[++i];
+        else if (!strcmp(a, "--snapshot-at-peak") && more)
+            snap_out = argv[++i];
         else if (!strcmp(a, "--conf") && more)
             conf = argv[++i];
         else if (!strcmp(a, "--driver") && more) {
@@ -466,6 +500,9 @@ static int cmd_replay(int argc, char **argv)
         return bad_usage("replay needs a trace file", NULL);
     if (cuda_replay && (!json || min_cap || plot_out))
         return bad_usage("--driver cuda goes with --json, without --min-capacity or --plot", NULL);
+    if (snap_out && (handles || !strcmp(mode, "both") || cuda_replay))
+        return bad_usage("--snapshot-at-peak goes with --mode expandable or classic, without --handles or "
+                         "--driver cuda", NULL);
     costs_not_default = cuda_replay || (conf && strstr(conf, "sim_cost"));
     bench_progress_enable(progress);
 
@@ -507,6 +544,8 @@ static int cmd_replay(int argc, char **argv)
             o.progress = 1;
             rc = bench_min_capacity(&t, &o, &r[n]);
         }
+        if (!rc && snap_out)
+            rc = snapshot_at_peak(&t, &o, &r[n], snap_out);
         n++;
     }
     if (!rc) {

@@ -36,6 +36,24 @@ static void sample(vmm_allocator *a, bench_replay_result *r, size_t cap)
     r->n_samples++;
 }
 
+/* --snapshot-at-peak: reserved bytes have reached the peak the first replay saw. */
+static int snapshot_due(vmm_allocator *a, const bench_replay_opts *o)
+{
+    vmm_stats st;
+    return vmm_get_stats(a, &st) == VMM_OK && st.reserved_bytes[VMM_POOL_ALL].current >= o->snapshot_reserved;
+}
+
+static int snapshot(vmm_allocator *a, const char *out, size_t event, bench_replay_result *r)
+{
+    int rc = vmm_snapshot_pickle(a, out);
+    if (rc != VMM_OK) {
+        fprintf(stderr, "vmm-bench: vmm_snapshot_pickle(%s): %s: %s\n", out, vmm_strerror(rc), vmm_last_error());
+        return 1;
+    }
+    r->snapshot_event = (int64_t)event;
+    return 0;
+}
+
 /* An OOM is a fragmentation OOM when the bytes the allocator holds unused plus what the device
  * still has free would have covered the request. */
 static int is_fragmentation_oom(vmm_allocator *a, uint64_t request)
@@ -124,6 +142,7 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
     r->mode = o->expandable ? "expandable" : "classic";
     r->capacity = o->capacity;
     r->min_capacity = -1;
+    r->snapshot_event = -1;
     vmm_allocator *a;
     if (make_allocator(o, o->capacity, &a) != VMM_OK)
         return BENCH_EXIT_FAIL;
@@ -174,6 +193,18 @@ int bench_replay(const bench_trace *t, const bench_replay_opts *o, bench_replay_
             int s = vmm_malloc(a, e->size, streams[e->stream], &ptr[e->id]);
             if (t->n_pools && s == VMM_OK)
                 pool_account(a, t, e, ptr[e->id], routed, r);
+            if (o->snapshot_out && s == VMM_OK && r->snapshot_event < 0) {
+                uint64_t t1 = bench_now_ns();
+                host += t1 - t0;
+                if (snapshot_due(a, o)) {
+                    if (snapshot(a, o->snapshot_out, i, r))
+                        rc = BENCH_EXIT_FAIL;
+                    i++;
+                    t0 = bench_now_ns();
+                    break; /* the rest of this replay is not wanted */
+                }
+                t0 = bench_now_ns();
+            }
             if (s == VMM_ENOMEM) {
                 uint64_t t1 = bench_now_ns();
                 host += t1 - t0;

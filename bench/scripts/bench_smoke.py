@@ -285,6 +285,41 @@ def t_pickle_replay(bench, wdir, src):
                   f"{a[mode][key]} vs {b[mode][key]}")
 
 
+def t_snapshot_peak(bench, wdir, src):
+    """--snapshot-at-peak writes the allocator's snapshot where reserved bytes first reach their peak:
+    its segments add up to the replay's peak of reserved bytes, in each mode; refused with both
+    modes, --handles, or a file that cannot be written."""
+    sys.path.insert(0, os.path.join(src, "scripts"))
+    from snapshot_to_trace import load_snapshot  # its unpickler refuses every class
+    path = workload(wdir, TRACE)
+    with tempfile.TemporaryDirectory() as d:
+        for mode in ("expandable", "classic"):
+            out = os.path.join(d, mode + ".pickle")
+            p = run([bench, "replay", path, "--mode", mode, "--json", "--no-progress", "--snapshot-at-peak", out])
+            check(p.returncode == 0, f"{mode}: exit {p.returncode}: {p.stderr[-300:]}")
+            if p.returncode != 0:
+                continue
+            r = json.loads(p.stdout.splitlines()[0])
+            check(len(p.stdout.splitlines()) == 1, f"{mode}: stdout is the JSON line only")
+            check(f"wrote {out}" in p.stderr and "after event" in p.stderr, f"{mode}: says where: {p.stderr!r}")
+            s = load_snapshot(out)
+            segs = s["segments"]
+            mapped = sum(g["total_size"] for g in segs)
+            active = sum(b["size"] for g in segs for b in g["blocks"] if b["state"].startswith("active"))
+            check(mapped == r["peak_reserved_bytes"],
+                  f"{mode}: segments {mapped} B = peak reserved {r['peak_reserved_bytes']} B")
+            check(0 < active <= r["peak_allocated_bytes"],
+                  f"{mode}: {active} B active, at most the peak allocated {r['peak_allocated_bytes']} B")
+        out = os.path.join(d, "no.pickle")
+        for extra in (["--mode", "both"], ["--handles"]):
+            p = run([bench, "replay", path, "--no-progress", *extra, "--snapshot-at-peak", out])
+            check(p.returncode == 2 and "--snapshot-at-peak goes with" in p.stderr, f"{extra} refused: {p.returncode}")
+        check(not os.path.exists(out), "nothing written when refused")
+        bad = os.path.join(d, "missing-dir", "x.pickle")
+        p = run([bench, "replay", path, "--mode", "expandable", "--no-progress", "--snapshot-at-peak", bad])
+        check(p.returncode == 1 and "cannot write" in p.stderr, f"unwritable path: exit {p.returncode}, {p.stderr[-200:]!r}")
+
+
 def t_synthetic(bench, wdir, src):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "syn.csv")
