@@ -231,6 +231,18 @@ def t_kineto(bench, wdir, src):
                 json.dump(doc, f)
             p = run([sys.executable, conv, bad])
             check(p.returncode == 2 and msg in p.stderr, f"kineto: {name} refused with exit 2: {p.stderr!r}")
+        # Refused, naming the event: time stamps that are no time (json reads NaN and Infinity) and
+        # negative addresses; no CSV is left behind.
+        for name, ev, msg in (("nan", mem(float("nan"), 0x1000, 64), "ts"),
+                              ("inf", mem(float("inf"), 0x1000, 64), "ts"),
+                              ("negaddr", mem(1, -4096, 64), "Addr")):
+            bad = os.path.join(d, name + ".json")
+            with open(bad, "w") as f:
+                json.dump({"traceEvents": [mem(0, 0x2000, 64), ev]}, f)
+            csv = os.path.join(d, name + ".csv")
+            p = run([sys.executable, conv, bad, "-o", csv])
+            check(p.returncode == 2 and msg in p.stderr and "event 1" in p.stderr and not os.path.exists(csv),
+                  f"kineto: {name} refused with exit 2: {p.returncode} {p.stderr!r}")
 
 
 def converted(src, pickle_path):

@@ -21,6 +21,7 @@ exit: 0 written; 2 not a usable trace (message on stderr).
 import argparse
 import gzip
 import json
+import math
 import sys
 
 # c10::DeviceType values of GPU memory; older profilers wrote the name.
@@ -75,6 +76,11 @@ def convert(trace, device=None):
             ts, addr, nbytes = float(e["ts"]), int(a["Addr"]), int(a["Bytes"])
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"trace event {i}: bad or missing field: {err}") from None
+        # json reads NaN and Infinity: no order and no time_us; the CSV's addresses are unsigned.
+        if not math.isfinite(ts):
+            raise ValueError(f"trace event {i}: bad 'ts' {e['ts']!r} (a time stamp in microseconds)")
+        if addr < 0:
+            raise ValueError(f"trace event {i}: bad 'Addr' {addr} (negative)")
         picked.append((ts, int(a.get("Ev Idx", i)), i, addr, nbytes))
     picked.sort()
     rows, dropped = [], 0
