@@ -231,6 +231,22 @@ def t_kineto(bench, wdir, src):
                 json.dump(doc, f)
             p = run([sys.executable, conv, bad])
             check(p.returncode == 2 and msg in p.stderr, f"kineto: {name} refused with exit 2: {p.stderr!r}")
+        # Without "Ev Idx" (file order breaks ties), a free written before its block's allocation
+        # in the same microsecond (another thread's) still comes after it: not dropped as a free of
+        # an unknown block, the block not left live to the end. A free of a block live before the
+        # tie stays first, and so does one that "Ev Idx" puts first (a block from before the window).
+        tie = os.path.join(d, "tie.json")
+        with open(tie, "w") as f:
+            json.dump({"traceEvents": [mem(20, 0x1000, -512, tid=2), mem(20, 0x1000, 512),
+                                       mem(21, 0x2000, 1024), mem(30, 0x2000, -1024, tid=2),
+                                       mem(30, 0x2000, 2048), mem(40, 0x4000, -64, idx=1),
+                                       mem(40, 0x4000, 64, idx=2)]}, f)
+        p = run([sys.executable, conv, tie])
+        got = [",".join(line.split(",")[:3]) for line in p.stdout.splitlines()[1:]]
+        check(p.returncode == 0 and got == ["alloc,4096,512", "free_completed,4096,512", "alloc,8192,1024",
+                                            "free_completed,8192,1024", "alloc,8192,2048",
+                                            "free_completed,16384,64", "alloc,16384,64"],
+              f"kineto: a same-microsecond free after its allocation: {got} {p.stderr!r}")
         # Refused, naming the event: time stamps that are no time (json reads NaN and Infinity) and
         # negative addresses; no CSV is left behind.
         for name, ev, msg in (("nan", mem(float("nan"), 0x1000, 64), "ts"),

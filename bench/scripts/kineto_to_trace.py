@@ -6,7 +6,8 @@ The profiler writes one instant event named "[memory]" per allocator call, with 
 (1 = CUDA; 6 = HIP, PyTorch on ROCm, the same caching allocator), "Device Id", "Addr" and "Bytes"
 (positive: an allocation of that many bytes at Addr; negative: its free). Each becomes an 'alloc' or
 a 'free_completed' line, ordered by time stamp (and by "Ev Idx" where present; the autograd thread's
-events interleave with the main thread's). The profiler does not record the stream, so every line is
+events interleave with the main thread's; without "Ev Idx", a free written before its block's
+allocation in the same time stamp goes after it). The profiler does not record the stream, so every line is
 on stream 0. Only events inside the profiler's active window are there: a free of a block allocated
 before it is kept in the CSV and dropped by vmm-bench (counted as a free of an unknown address), and
 the blocks live when the window opened are not in the replay. Traces from profilers that predate the
@@ -81,17 +82,42 @@ def convert(trace, device=None):
             raise ValueError(f"trace event {i}: bad 'ts' {e['ts']!r} (a time stamp in microseconds)")
         if addr < 0:
             raise ValueError(f"trace event {i}: bad 'Addr' {addr} (negative)")
-        picked.append((ts, int(a.get("Ev Idx", i)), i, addr, nbytes))
+        picked.append((ts, int(a.get("Ev Idx", i)), i, addr, nbytes, "Ev Idx" in a))
     picked.sort()
     rows, dropped = [], 0
-    for ts, _, _, addr, nbytes in picked:
+    for ts, _, _, addr, nbytes, idx in picked:
         if nbytes > 0:
-            rows.append(("alloc", addr, nbytes, ts))
+            rows.append(("alloc", addr, nbytes, ts, idx))
         elif nbytes < 0:
-            rows.append(("free_completed", addr, -nbytes, ts))
+            rows.append(("free_completed", addr, -nbytes, ts, idx))
         else:
             dropped += 1
-    return rows, device, dropped
+    return [r[:4] for r in after_alloc(rows)], device, dropped
+
+
+def after_alloc(rows):
+    """A free without "Ev Idx" of a block not live, followed in the same time stamp by that
+    address's allocation (also without), moves to just after it: file order broke the tie, and
+    another thread's events may be written first. A free of a block live before stays where it is,
+    and so does every event that "Ev Idx" ordered."""
+    live = set()
+    k = 0
+    while k < len(rows):
+        action, addr, _, ts, idx = rows[k]
+        if action == "free_completed" and addr not in live and not idx:
+            j = k + 1
+            while j < len(rows) and rows[j][3] == ts and not (
+                    rows[j][0] == "alloc" and rows[j][1] == addr and not rows[j][4]):
+                j += 1
+            if j < len(rows) and rows[j][3] == ts:
+                rows.insert(j, rows.pop(k))  # now right after the allocation; look at row k again
+                continue
+        if action == "alloc":
+            live.add(addr)
+        else:
+            live.discard(addr)
+        k += 1
+    return rows
 
 
 def main():
