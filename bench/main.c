@@ -436,6 +436,11 @@ static int snapshot_at_peak(const bench_trace *t, const bench_replay_opts *o, co
     q.progress = 0;
     q.snapshot_out = out;
     q.snapshot_reserved = r->peak_reserved;
+    if (r->peak_reserved <= 0) {
+        fprintf(stderr, "vmm-bench: %s mode never reserved memory (every allocation failed?): no snapshot "
+                        "written\n", r->mode);
+        return BENCH_EXIT_FAIL;
+    }
     int rc = bench_replay(t, &q, &s);
     if (!rc && s.snapshot_event < 0) {
         fprintf(stderr, "vmm-bench: the second replay never reached the first one's reserved peak (%lld "
@@ -456,7 +461,7 @@ static int cmd_replay(int argc, char **argv)
 {
     const char *path = NULL, *plot_out = NULL, *conf = NULL, *mode = "both", *snap_out = NULL;
     uint64_t capacity = 80ull << 30, check_every = 0;
-    int json = 0, min_cap = 0, progress = 1, handles = 0;
+    int json = 0, min_cap = 0, progress = 1, handles = 0, snap_rc = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -545,7 +550,7 @@ static int cmd_replay(int argc, char **argv)
             rc = bench_min_capacity(&t, &o, &r[n]);
         }
         if (!rc && snap_out)
-            rc = snapshot_at_peak(&t, &o, &r[n], snap_out);
+            snap_rc = snapshot_at_peak(&t, &o, &r[n], snap_out); /* the results print all the same */
         n++;
     }
     if (!rc) {
@@ -560,7 +565,7 @@ static int cmd_replay(int argc, char **argv)
     for (int i = 0; i < n; i++)
         bench_replay_result_free(&r[i]);
     bench_trace_free(&t);
-    return rc;
+    return rc ? rc : snap_rc;
 }
 
 static int cmd_latency(int argc, char **argv)
