@@ -251,7 +251,9 @@ def t_kineto(bench, wdir, src):
         # negative addresses; no CSV is left behind.
         for name, ev, msg in (("nan", mem(float("nan"), 0x1000, 64), "ts"),
                               ("inf", mem(float("inf"), 0x1000, 64), "ts"),
-                              ("negaddr", mem(1, -4096, 64), "Addr")):
+                              ("negaddr", mem(1, -4096, 64), "Addr"),
+                              ("nulldev", mem(1, 0x1000, 64, dev=None), "Device Id"),
+                              ("nullidx", mem(1, 0x1000, 64, idx=[1]), "Ev Idx")):
             bad = os.path.join(d, name + ".json")
             with open(bad, "w") as f:
                 json.dump({"traceEvents": [mem(0, 0x2000, 64), ev]}, f)

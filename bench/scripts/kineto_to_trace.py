@@ -54,12 +54,21 @@ def memory_events(trace):
     return out
 
 
+def int_field(a, key, default, i):
+    """An integer argument of trace event i ("Device Id", "Ev Idx"), or a clear error."""
+    v = a.get(key, default)
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"trace event {i}: bad '{key}' {v!r} (an integer)") from None
+
+
 def convert(trace, device=None):
     """Returns (rows, device, dropped): rows are (action, addr, size, time_us)."""
     mem = memory_events(trace)
     if not mem:
         raise ValueError("no GPU '[memory]' events: record with torch.profiler.profile(profile_memory=True)")
-    devices = sorted({int(a.get("Device Id", 0)) for _, _, a in mem})
+    devices = sorted({int_field(a, "Device Id", 0, i) for i, _, a in mem})
     if device is None:
         if len(devices) != 1:
             raise ValueError(f"GPU memory events of devices {devices}: choose one with --device")
@@ -68,7 +77,7 @@ def convert(trace, device=None):
         raise ValueError(f"no GPU memory events of device {device} (devices: {devices})")
     picked = []
     for i, e, a in mem:
-        if int(a.get("Device Id", 0)) != device:
+        if int_field(a, "Device Id", 0, i) != device:
             continue
         if "Addr" not in a:
             raise ValueError("memory events carry no 'Addr': frees cannot be paired with allocations "
@@ -82,7 +91,7 @@ def convert(trace, device=None):
             raise ValueError(f"trace event {i}: bad 'ts' {e['ts']!r} (a time stamp in microseconds)")
         if addr < 0:
             raise ValueError(f"trace event {i}: bad 'Addr' {addr} (negative)")
-        picked.append((ts, int(a.get("Ev Idx", i)), i, addr, nbytes, "Ev Idx" in a))
+        picked.append((ts, int_field(a, "Ev Idx", i, i), i, addr, nbytes, "Ev Idx" in a))
     picked.sort()
     rows, dropped = [], 0
     for ts, _, _, addr, nbytes, idx in picked:
