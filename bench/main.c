@@ -430,17 +430,17 @@ static int plot(const char *out, const char *path, const bench_trace *t, const b
 static int snapshot_at_peak(const bench_trace *t, const bench_replay_opts *o, const bench_replay_result *r,
                             const char *out)
 {
+    if (r->peak_reserved <= 0) {
+        fprintf(stderr, "vmm-bench: %s mode never reserved memory (every allocation failed?): no snapshot "
+                        "written\n", r->mode);
+        return BENCH_EXIT_FAIL;
+    }
     bench_replay_opts q = *o;
     bench_replay_result s;
     q.sample_every = 0;
     q.progress = 0;
     q.snapshot_out = out;
     q.snapshot_reserved = r->peak_reserved;
-    if (r->peak_reserved <= 0) {
-        fprintf(stderr, "vmm-bench: %s mode never reserved memory (every allocation failed?): no snapshot "
-                        "written\n", r->mode);
-        return BENCH_EXIT_FAIL;
-    }
     int rc = bench_replay(t, &q, &s);
     if (!rc && s.snapshot_event < 0) {
         fprintf(stderr, "vmm-bench: the second replay never reached the first one's reserved peak (%lld "
