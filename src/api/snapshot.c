@@ -377,12 +377,16 @@ static void emit_segments(pk *p, refs *R, const vmm_allocator *a, vmm_segment **
         const vmm_block *b = s->first;
         while (b) {
             /* a growth in flight's MAPPING block is not mapped yet (segment.c) */
-            while (b && (b->state == VMM_BLOCK_UNMAPPED || b->state == VMM_BLOCK_MAPPING))
+            /* nor are the bytes an aliased page's other view owns (alias.c): each byte of
+             * device memory is in one segment */
+            while (b && (b->state == VMM_BLOCK_UNMAPPED || b->state == VMM_BLOCK_MAPPING ||
+                         b->state == VMM_BLOCK_SHADOW))
                 b = b->next;
             if (!b)
                 break;
             const vmm_block *e = b;
-            while (e && e->state != VMM_BLOCK_UNMAPPED && e->state != VMM_BLOCK_MAPPING)
+            while (e && e->state != VMM_BLOCK_UNMAPPED && e->state != VMM_BLOCK_MAPPING &&
+                   e->state != VMM_BLOCK_SHADOW)
                 e = e->next;
             emit_segment(p, R, a, s, b, e);
             b = e;

@@ -6,6 +6,7 @@
 #include "api/stats.h"
 #include "base/errors.h"
 #include "base/metadata.h"
+#include "core/alias.h"
 #include "core/callbacks.h"
 #include "core/capture.h"
 #include "core/lock.h"
@@ -246,6 +247,7 @@ VMM_API int vmm_stats_json(vmm_allocator *a, char *buf, size_t len)
 
 typedef struct sums {
     int64_t v[VMM_NPOOLS][10];
+    size_t shadows;            /* SHADOW blocks seen (alias.c) */
 } sums;
 enum { S_ALLOC, S_ALLOC_B, S_REQ_B, S_ACTIVE, S_ACTIVE_B, S_ISPLIT, S_ISPLIT_B, S_SEG, S_MAPPED, S_RES };
 
@@ -341,6 +343,12 @@ static int check_segment(vmm_allocator *a, vmm_segment *s, sums *sm, size_t *nfr
             if (!s->expandable || (b->addr - s->base) % s->page_size || b->size % s->page_size ||
                 b->in_index || !growth_of(a, b))
                 return bad("mapping block not whole pages of a growth in flight only", b->addr);
+            break;
+        case VMM_BLOCK_SHADOW: /* alias.c: bytes of an aliased page that its other view owns */
+            sm->shadows++;
+            if (!s->expandable || b->in_index ||
+                (b->addr - s->base) / s->page_size != (b->addr + b->size - 1 - s->base) / s->page_size)
+                return bad("shadow block not inside one page or in an index", b->addr);
             break;
         default:
             return bad("block in an unknown state", b->addr);
@@ -511,6 +519,17 @@ static int check_locked(vmm_allocator *a)
             if (g->pool == p)
                 sm.v[p][S_RES] += (int64_t)g->held_bytes;
     }
+    /* an aliased page is mapped twice and reserved once (alias.c) */
+    size_t ashadows = 0, adup_handles = 0;
+    int64_t adups[VMM_NPOOLS] = {0, 0};
+    uintptr_t aat = 0;
+    const char *abad = vmm_alias_check(a, &ashadows, adups, &adup_handles, &aat);
+    if (abad)
+        return bad(abad, aat);
+    if (ashadows != sm.shadows)
+        return bad("shadow blocks that no aliased page names", 0);
+    for (int p = 0; p < VMM_NPOOLS; p++)
+        sm.v[p][S_RES] -= adups[p];
     vmm_stats derived;
     vmm_stats_derive(a, &derived);
     const vmm_stats *st = &derived;
@@ -535,6 +554,7 @@ static int check_locked(vmm_allocator *a)
         nh += g->held_handles;
     for (vmm_segment *s = a->segs; s; s = s->next)
         nh += vmm_seg_handles(s);
+    nh -= adup_handles;
     if (nh != a->n_handles)
         return bad("physical handle count is wrong", 0);
     if ((size_t)st->reserved_bytes[0].current > a->cap)

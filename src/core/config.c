@@ -641,6 +641,8 @@ static const option_desc options[] = {
      "true: while lanes are open, a thread that frees more small blocks than it allocates passes its full bins to a depot that other threads' mallocs take from, instead of back to their stream's pool under its lock (producer / consumer threads); false gives them back (default true)"),
     FLAG_OPT("lifetime_split", lifetime_split,
      "true: with expandable segments, a large request of a size most of whose blocks in its stream are still live (a tensor that stays) is placed in a segment of its own, apart from short-lived ones, so that it does not leave slivers or partly used pages in their holes; false: one best fit (default true)"),
+    FLAG_OPT("alias_pages", alias_pages,
+     "true: with expandable segments and one handle per page (max_handle_size:2M), a large-pool growth whose first or last page would be partly used maps instead the page of a free block that fits (a free suffix or prefix of a partly used page) a second time there, so the free part of a page whose block stays is used wherever the next blocks land; false maps a new page (default false)"),
     OPT("sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"),
     OPT("sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"),
     FLAG_OPT("sim_backed", sim.backed,

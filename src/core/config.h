@@ -36,6 +36,7 @@ typedef struct vmm_config {
     int grow_unlocked;                   /* 1: growth creates handles unlocked (segment.c) */
     int lanes;                           /* 1: per-stream locks once two threads are seen (lane.c) */
     int depot;                           /* 1: full bins of freeing threads go to the depot (tcache.c) */
+    int alias_pages;                     /* 1: growth maps partly used pages a second time (alias.c) */
     int lifetime_split;                  /* 1: blocks predicted to stay get segments of their own (pool.c) */
     /* sim */
     vmm_sim_options sim;

@@ -25,6 +25,7 @@
 #include "base/base.h"
 #include "base/errors.h"
 #include "base/metadata.h"
+#include "core/alias.h"
 #include "core/callbacks.h"
 #include "core/capture.h"
 #include "core/counters.h"
@@ -856,6 +857,69 @@ static vmm_block *grow_target(vmm_allocator *a, vmm_stream_rec *sr, int pool, si
 static size_t recycle_idle(vmm_allocator *a, size_t ps, size_t want, const vmm_block *target,
                            size_t size);
 
+/* The block of u's segment holding address x, walking from u. */
+static vmm_block *block_at(vmm_block *u, uintptr_t x)
+{
+    while (u->addr > x)
+        u = u->prev;
+    while (u->addr + u->size <= x)
+        u = u->next;
+    return u;
+}
+
+/* alias_pages (alias.c): the growth of `size` bytes into unmapped block *best (*need bytes of
+ * pages from its start) maps its first page as a second view of a page whose free suffix starts
+ * where the request can start (the request then begins at that offset, and still ends in its
+ * last page), and its last page as a view of a page whose free prefix holds the request's end.
+ * On return *best and *need are what is left to map with new or cached handles (the pages
+ * between), or *whole is the FREE block holding the whole request when nothing is left. A failed
+ * alias leaves the views made so far, whose bytes reclaim gives back. */
+static int alias_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_block **best,
+                        size_t *need, vmm_block **whole)
+{
+    vmm_block *u = *best;
+    vmm_segment *seg = u->seg;
+    size_t ps = seg->page_size, n = *need / ps, p0 = (u->addr - seg->base) / ps;
+    if (!n)
+        return VMM_OK;
+    vmm_block *pf = u->prev && u->prev->state == VMM_BLOCK_FREE ? u->prev : NULL;
+    uintptr_t start = pf ? pf->addr : u->addr;
+    vmm_block *fh = NULL, *ft = NULL;
+    /* a head: only where the request starts on the page boundary and takes two pages or more */
+    if (!pf && n >= 2)
+        fh = vmm_alias_find(a, sr, seg, p0, 1, n * ps - size);
+    size_t y = fh ? (fh->addr - fh->seg->base) % ps : 0;
+    size_t x = start + y + size - (u->addr + (n - 1) * ps); /* bytes of the last page used */
+    if (x < ps && !(fh && n == 1)) {
+        ft = vmm_alias_find(a, sr, seg, p0 + n - 1, 0, x);
+        /* one page, two new views: not with two views at most per page */
+        if (ft && fh && ft->seg == fh->seg &&
+            (ft->addr - ft->seg->base) / ps == (fh->addr - fh->seg->base) / ps)
+            ft = NULL;
+    }
+    if (!fh && !ft)
+        return VMM_OK;
+    vmm_block *anchor = NULL;
+    int rc;
+    if (ft && (rc = vmm_alias_map(a, ft, block_at(u, u->addr + (n - 1) * ps), p0 + n - 1, &anchor)))
+        return rc;
+    vmm_block *from = anchor ? anchor : u;
+    if (fh) {
+        /* u may have become the tail's page when n == 1: not here (a head takes n >= 2) */
+        if ((rc = vmm_alias_map(a, fh, block_at(from, u->addr), p0, &anchor)))
+            return rc;
+        from = anchor;
+    }
+    size_t h = fh != NULL, t = ft != NULL;
+    if (h + t >= n) {
+        *whole = block_at(from, start + y);
+        return VMM_OK;
+    }
+    *best = block_at(from, seg->base + (p0 + h) * ps);
+    *need = (n - h - t) * ps;
+    return VMM_OK;
+}
+
 static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, int longlived,
                      vmm_block **out, size_t *short_pages)
 {
@@ -869,6 +933,10 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
     plan_handles(a, ps, m, best_need / ps, best ? best->size / ps : SIZE_MAX, 0, 0, &pl);
     size_t fresh = pl.new_pages * ps;
     if (fresh && reserved_now(a) + fresh > a->reserved_hwm) {
+        /* alias views holding no block in use give their bytes back first (alias.c); the unmapped
+         * blocks merge, best among them */
+        if (a->n_aliases && vmm_alias_reclaim(a))
+            best = grow_target(a, sr, pool, size, longlived, &best_need);
         size_t over = reserved_now(a) + fresh - a->reserved_hwm;
         /* lanes ran during its driver calls: best's free neighbours may have changed */
         if (recycle_idle(a, ps, over < fresh ? over : fresh, best, size) || a->lanes_open)
@@ -880,11 +948,20 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
             return rc;
         best_need = round_up(size, ps);
     }
+    vmm_segment *seg = best->seg;
+    if (vmm_alias_enabled(a, seg)) {
+        vmm_block *whole = NULL;
+        int rc = alias_growth(a, sr, size, &best, &best_need, &whole);
+        if (rc || whole) {
+            if (!rc)
+                *out = whole;
+            return rc;
+        }
+    }
     /* a block record for the unmapped rest, in case the mapping does not take all of best */
     vmm_block *rest = vmm_block_new(a);
     if (!rest)
         return vmm_fail(VMM_EHOSTMEM, "out of host memory for a block record");
-    vmm_segment *seg = best->seg;
     size_t mapped = 0;
     grow_park gp = {best, rest, 0};
     int rc = seg_map_pages(a, seg, (best->addr - seg->base) / ps, best_need / ps, best->size / ps,
@@ -1211,6 +1288,10 @@ size_t vmm_seg_reclaim(vmm_allocator *a, size_t want)
 {
     size_t got = 0;
     quar_retry(a, 1, 0); /* silent: the OOM path calls this; empty_cache reports below */
+    /* views that hold no block in use first: their bytes go back to the other view, whose page
+     * may then be idle whole */
+    if (a->n_aliases)
+        vmm_alias_reclaim(a);
     /* lanes in key order: smallest stream first, then by size and address, as ever */
     for (int pool = 0; pool < VMM_NPOOLS && got < want; pool++) {
         for (vmm_stream_rec *r = vmm_stream_rec_next_key(a, NULL); r && got < want;
@@ -1392,6 +1473,7 @@ static void give_back(vmm_allocator *a, int what, vmm_phys h, uintptr_t va, size
 
 void vmm_seg_destroy_all(vmm_allocator *a)
 {
+    vmm_alias_destroy_all(a); /* each handle is then mapped once: released once below */
     if (quar_retry(a, UNMAP_TRIES, 1)) {
         fprintf(stderr, "vmmalloc: vmm_destroy: %zu quarantined page(s) could not be unmapped; "
                         "releasing their handles anyway\n", a->n_quar);

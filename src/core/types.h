@@ -29,6 +29,9 @@ typedef enum vmm_block_state {
     VMM_BLOCK_MAPPING = 5,   /* page aligned VA a growth maps next: unmapped, in no index, on the
                               * growth list while its handles are created with the lock released
                               * (segment.c), so no other thread grows into, merges or frees it */
+    VMM_BLOCK_SHADOW = 6,    /* alias_pages (alias.c): bytes of a page mapped at two places that
+                              * the other view owns; mapped, in no index, never merged or handed
+                              * out, inside one page */
 } vmm_block_state;
 /* A block freed into a thread cache (tcache.c) keeps state ALLOCATED and its live-table slot, so
  * that no code under the allocator lock ever sees a field change that only the thread's own lock
@@ -314,6 +317,8 @@ struct vmm_allocator {
     vmm_growth *growing;               /* growths in flight with the lock released (segment.c) */
     uint64_t growths_unlocked;         /* growths whose driver calls ran unlocked (stats JSON) */
     vmm_quarantined *quar;             /* pages still mapped after a failed rollback unmap */
+    struct vmm_alias *aliases;         /* pages mapped at two places (alias.c) */
+    size_t n_aliases;
     size_t n_quar, cap_quar;
     vmm_event *ev_pool;                /* idle events */
     size_t n_ev_pool, cap_ev_pool;

@@ -33,6 +33,7 @@
 
 #include "base/errors.h"
 #include "base/metadata.h"
+#include "core/alias.h"
 #include "core/callbacks.h"
 #include "core/counters.h"
 #include "core/events.h"
@@ -627,6 +628,14 @@ VMM_API int vmm_sleep(vmm_allocator *a, const char *const *tags, size_t n_tags, 
     if ((mode & VMM_SLEEP_BACKUP) && (!ops->memcpy_dtoh || !ops->memcpy_htod || !ops->host_alloc)) {
         rc = vmm_fail(VMM_ENOTSUP, "vmm_sleep: the %s driver cannot copy to host memory: use "
                                    "VMM_SLEEP_DISCARD", ops->name);
+        goto out;
+    }
+    /* alias_pages (core/alias.c): a page mapped at two places of untagged memory cannot be put
+     * to sleep view by view; views that hold nothing in use go first, and any left refuses */
+    if ((mask & 1) && a->n_aliases && (vmm_alias_reclaim(a), a->n_aliases)) {
+        rc = vmm_fail(VMM_EINVAL, "vmm_sleep: %zu page(s) of untagged memory are mapped at two places "
+                                  "with blocks in use (alias_pages): free them first",
+                      a->n_aliases);
         goto out;
     }
     /* Frees pending on other streams' events in classic segments: step 1 would wait for them
