@@ -57,7 +57,10 @@ def main():
     check(py.get("status") == "skip" and "double" in py.get("reason", ""), "pytorch skipped with the reason: %r" % py)
     facts = (ph.get("facts", {}).get("probe") or {}).get("facts", {})
     check(facts.get("cuda_double") is True, "the probe loaded the double")
-    for k in ("map_nonzero_offset", "set_access_spanning_handles", "largest_reserve", "new_memory_zero",
+    al = facts.get("alias_two_views", {})
+    check(al.get("view1_sees_view0_write") is True and al.get("view0_sees_view1_memset") is True and
+          al.get("other_view_data_kept") is True, "one handle at two places coherent on the double: %r" % al)
+    for k in ("map_nonzero_offset", "set_access_spanning_handles", "alias_two_views", "largest_reserve", "new_memory_zero",
               "mem_get_info_around_release", "rdma_pointer_attribute", "posix_fd_export", "granularity"):
         check(k in facts, "fact %s measured" % k)
     # the offset fact comes from the probe's child process: complete, merged, the double's answer

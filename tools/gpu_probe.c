@@ -8,7 +8,8 @@
  *
  * Facts: versions, device, VMM attributes, granularities (plain / POSIX fd / RDMA flag), cuMemMap at
  * a nonzero offset (and the data seen through both mappings), one cuMemSetAccess over several
- * handles, the largest cuMemAddressReserve, zero-fill of new handles, cuMemGetInfo around a release,
+ * handles, one handle mapped at two places (alias_pages: data written through one, read through the
+ * other), the largest cuMemAddressReserve, zero-fill of new handles, cuMemGetInfo around a release,
  * the RDMA pointer attribute, POSIX fd export / import. The nonzero-offset mapping runs in a child
  * process (a fault there must not end the context of the other facts; "context_after" says whether
  * it left a sticky error), cut off after 20 s.
@@ -552,6 +553,76 @@ static void fact_access_span(void)
     close_obj();
 }
 
+/* One handle mapped at two places that are not side by side (the allocator's alias_pages: a partly
+ * used page mapped again where a growth's first or last page lies): bytes written through one view
+ * by a copy on the legacy stream, read through the other after a stream sync, and the same the
+ * other way by a memset; then one view unmapped, the other still reading the data. The driver
+ * contract (driver.h, "Mappings") and the Programming Guide's virtual aliasing say both hold once
+ * the writing operation completed; this checks it on the machine. */
+static void fact_alias_views(void)
+{
+    enum { N = 4096 };
+    open_obj("alias_two_views");
+    size_t g = gran_min;
+    CUmemAllocationProp p = prop_of(0, 0);
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    int mapped[2] = {0, 0};
+    CUresult r = cu.MemAddressReserve(&va, 3 * g, 0, 0, 0);
+    if (r == CUDA_SUCCESS && (r = cu.MemCreate(&h, g, &p, 0)) != CUDA_SUCCESS)
+        h = 0;
+    CUdeviceptr v[2] = {va, va + 2 * g}; /* granule 1 stays unmapped between them */
+    for (int i = 0; r == CUDA_SUCCESS && i < 2; i++)
+        if ((r = cu.MemMap(v[i], g, 0, h, 0)) == CUDA_SUCCESS)
+            mapped[i] = 1;
+    for (int i = 0; r == CUDA_SUCCESS && i < 2; i++)
+        r = cu.MemSetAccess(v[i], g, &access_rw, 1);
+    kv_res("map_twice", r);
+    if (r == CUDA_SUCCESS) {
+        static unsigned char w[N], rd[N];
+        for (int i = 0; i < N; i++)
+            w[i] = (unsigned char)(i * 7 + 3);
+        /* a copy into view 0 at the granule's end, read through view 1 */
+        CUresult c = h2d(v[0] + g - N, w, N);
+        if (!c)
+            c = d2h(rd, v[1] + g - N, N);
+        kv_res("copy_view0_read_view1", c);
+        if (!c)
+            kv_bool("view1_sees_view0_write", memcmp(w, rd, N) == 0);
+        /* a memset through view 1, read through view 0 */
+        c = cu.MemsetD8Async(v[1], 0xa5, N, 0);
+        if (!c)
+            c = cu.StreamSynchronize(0);
+        if (!c)
+            c = d2h(rd, v[0], N);
+        kv_res("memset_view1_read_view0", c);
+        if (!c) {
+            int same = 1;
+            for (int i = 0; i < N; i++)
+                same &= rd[i] == 0xa5;
+            kv_bool("view0_sees_view1_memset", same);
+        }
+        /* view 1 gone: view 0 keeps the memory and its data */
+        c = cu.MemUnmap(v[1], g);
+        kv_res("unmap_one_view", c);
+        if (!c) {
+            mapped[1] = 0;
+            c = d2h(rd, v[0] + g - N, N);
+            kv_res("read_other_view_after", c);
+            if (!c)
+                kv_bool("other_view_data_kept", memcmp(w, rd, N) == 0);
+        }
+    }
+    for (int i = 0; i < 2; i++)
+        if (mapped[i])
+            cu.MemUnmap(v[i], g);
+    if (h)
+        cu.MemRelease(h);
+    if (va)
+        cu.MemAddressFree(va, 3 * g);
+    close_obj();
+}
+
 static void fact_largest_reserve(void)
 {
     open_obj("largest_reserve");
@@ -940,6 +1011,7 @@ int main(int argc, char **argv)
     if (facts) {
         emit_offset_fact();
         fact_access_span();
+        fact_alias_views();
         fact_largest_reserve();
         fact_zero_fill();
         fact_mem_get_info();
