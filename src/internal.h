@@ -18,6 +18,7 @@
 #include "core/pool.h"
 #include "core/events.h"
 #include "core/segment.h"
+#include "core/alias.h"
 #include "core/trace.h"
 #include "core/capture.h"
 #include "core/tcache.h"
