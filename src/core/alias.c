@@ -91,6 +91,90 @@ vmm_block *vmm_alias_find(vmm_allocator *a, vmm_stream_rec *sr, const vmm_segmen
     return NULL;
 }
 
+/* Whether page bp of b's segment (b a block in it) has a SHADOW block: a second view. */
+static int page_has_shadow(const vmm_block *b, size_t bp)
+{
+    const vmm_segment *s = b->seg;
+    uintptr_t lo = s->base + bp * s->page_size, hi = lo + s->page_size;
+    for (const vmm_block *c = b; c && c->addr + c->size > lo; c = c->prev)
+        if (c->state == VMM_BLOCK_SHADOW)
+            return 1;
+    for (const vmm_block *c = b->next; c && c->addr < hi; c = c->next)
+        if (c->state == VMM_BLOCK_SHADOW)
+            return 1;
+    return 0;
+}
+
+vmm_block *vmm_alias_edge(vmm_allocator *a, vmm_stream_rec *sr, const vmm_segment *seg, size_t pg,
+                          int head, size_t lo, size_t hi, int largest, const vmm_segment *avoid_seg,
+                          size_t avoid_pg, size_t *len)
+{
+    size_t ps = a->page_size[VMM_LARGE];
+    vmm_block *root = sr->free_tree[VMM_LARGE], *best = NULL;
+    size_t best_len = 0;
+    if (hi > ps)
+        hi = ps;
+    if (lo >= hi)
+        return NULL;
+    for (vmm_block *b = vmm_tree_lower_bound(root, sr->key, 0, 0); b && b->seg->key == sr->key;
+         b = vmm_tree_next(root, b)) {
+        const vmm_segment *s = b->seg;
+        uintptr_t x = b->addr - s->base, e = x + b->size;
+        size_t n, bp;
+        if (head) {
+            if (x % ps == 0 || e < (x / ps + 1) * ps)
+                continue;
+            n = ps - x % ps;
+            bp = x / ps;
+        } else {
+            if (e % ps == 0 || x > e / ps * ps)
+                continue;
+            n = e % ps;
+            bp = e / ps;
+        }
+        if (n < lo || n >= hi || (best && (largest ? n <= best_len : n >= best_len)))
+            continue;
+        if (!vmm_alias_enabled(a, s) || !s->pages[bp] || b->group)
+            continue;
+        /* two views of one handle side by side would read as one two-page handle (segment.c) */
+        if (s == seg && (bp + 1 == pg || pg + 1 == bp))
+            continue;
+        if ((s == avoid_seg && bp == avoid_pg) || page_has_shadow(b, bp))
+            continue;
+        best = b;
+        best_len = n;
+    }
+    *len = best_len;
+    return best;
+}
+
+vmm_block *vmm_alias_edge_cut(vmm_allocator *a, vmm_block *f, int head)
+{
+    size_t ps = f->seg->page_size;
+    uintptr_t x = f->addr - f->seg->base, e = x + f->size;
+    /* head: [x, page end) stays f; tail: f keeps up to the last page's start */
+    size_t keep = head ? (x / ps + 1) * ps - x : e / ps * ps - x;
+    if (keep == 0 || keep == f->size)
+        return f;
+    vmm_block *r = vmm_block_new(a);
+    if (!r)
+        return NULL;
+    vmm_pool_erase(a, f);
+    vmm_block_split_into(f, r, keep);
+    r->n_uses = 0;
+    vmm_pool_insert(a, f);
+    vmm_pool_insert(a, r);
+    return head ? f : r;
+}
+
+void vmm_alias_edge_join(vmm_allocator *a, vmm_block *e)
+{
+    if (e->state != VMM_BLOCK_FREE || !e->in_index)
+        return;
+    vmm_pool_erase(a, e);
+    vmm_pool_insert(a, vmm_block_merge(a, e));
+}
+
 static void alias_link(vmm_allocator *a, vmm_alias *al)
 {
     al->prev = NULL;

@@ -32,6 +32,24 @@ int vmm_alias_enabled(const vmm_allocator *a, const vmm_segment *seg);
 vmm_block *vmm_alias_find(vmm_allocator *a, vmm_stream_rec *sr, const vmm_segment *seg, size_t pg,
                           int head, size_t bound);
 
+/* alias_place: a free edge of a partly used page in lane sr's large pool, for the view to be made at
+ * page pg of seg: head = 1, a page's free suffix (a FREE block starting mid-page and running to the
+ * page's end or past it); head = 0, a page's free prefix (a FREE block ending mid-page and starting
+ * at that page's start or before). Its length (*len, the edge's bytes in that page) lies in [lo, hi);
+ * the shortest such edge, or with `largest` the longest; on a page with one view, in an enabled
+ * segment, not next to page pg of seg, not page avoid_pg of avoid_seg (the other view this growth
+ * makes). Returns the FREE block holding it, NULL when none. Scans the lane's large free blocks.
+ * Allocator lock held. */
+vmm_block *vmm_alias_edge(vmm_allocator *a, vmm_stream_rec *sr, const vmm_segment *seg, size_t pg,
+                          int head, size_t lo, size_t hi, int largest, const vmm_segment *avoid_seg,
+                          size_t avoid_pg, size_t *len);
+
+/* Cut FREE block f (indexed, from vmm_alias_edge) at its edge's page boundary, so the edge is a
+ * FREE block of its own inside its page (what vmm_alias_map takes): returns it (indexed), NULL when
+ * host memory is short (nothing changed). vmm_alias_edge_join undoes it when the map fails. */
+vmm_block *vmm_alias_edge_cut(vmm_allocator *a, vmm_block *f, int head);
+void vmm_alias_edge_join(vmm_allocator *a, vmm_block *e);
+
 /* Map the page of FREE block f (from vmm_alias_find) a second time at page pg of u's segment (u:
  * an UNMAPPED indexed block covering that page), one mem_map and one set_access. The new view owns
  * f's bytes, f becomes the old view's SHADOW, the rest of the new page its SHADOW. Returns VMM_OK

@@ -460,6 +460,31 @@ static int f_max_handle(const vmm_config *c, char *b, size_t n)
     return format_size(b, n, c->max_handle_size);
 }
 
+static int p_place_size(const char *key, token v, size_t *out)
+{
+    size_t x;
+    if (vmm_parse_size(v.s, v.len, &x) != 0 || x > 2 * VMM_MiB)
+        return bad_value(key, v, "a size of at most 2M, e.g. 256K or 0");
+    *out = x;
+    return VMM_OK;
+}
+static int p_place_gap(vmm_config *c, const char *key, token v)
+{
+    return p_place_size(key, v, &c->alias_place_tail_gap);
+}
+static int f_place_gap(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->alias_place_tail_gap);
+}
+static int p_place_slack(vmm_config *c, const char *key, token v)
+{
+    return p_place_size(key, v, &c->alias_place_slack);
+}
+static int f_place_slack(const vmm_config *c, char *b, size_t n)
+{
+    return format_size(b, n, c->alias_place_slack);
+}
+
 static int p_sim_capacity(vmm_config *c, const char *key, token v)
 {
     size_t x;
@@ -643,6 +668,14 @@ static const option_desc options[] = {
      "true: with expandable segments, a large request of a size most of whose blocks in its stream are still live (a tensor that stays) is placed in a segment of its own, apart from short-lived ones, so that it does not leave slivers or partly used pages in their holes; false: one best fit (default true)"),
     FLAG_OPT("alias_pages", alias_pages,
      "true: with expandable segments and one handle per page (max_handle_size:2M), a large-pool growth whose first or last page would be partly used maps instead the page of a free block that fits (a free suffix or prefix of a partly used page) a second time there, so the free part of a page whose block stays is used wherever the next blocks land; false maps a new page (default false)"),
+    FLAG_OPT("alias_place", alias_place,
+     "true (with alias_pages): a large request of a page or more that no free block of its size (alias_place_slack) serves is built in unmapped VA from the free edges of partly used pages and whole pages: its first page a view of a page's free suffix used whole (one of exactly the request's last partial page first, else the largest), its last page a view of a page's free prefix that leaves at most alias_place_tail_gap free, the pages between cached or new handles, so no free bytes are left inside a page (default false)"),
+    FLAG_OPT("alias_place_hybrid", alias_place_hybrid,
+     "true: with alias_place, best fit into a free block is still taken when it leaves no free bytes between two used ranges of one page (fewer driver calls) (default false)"),
+    OPT("alias_place_tail_gap", p_place_gap, f_place_gap,
+     "alias_place: a tail view maps a page's free prefix only when it leaves at most this many bytes of it free, else a new page (default 256K)"),
+    OPT("alias_place_slack", p_place_slack, f_place_slack,
+     "alias_place: a free block serves a request by best fit when it exceeds it by at most this (default 0: the same size only)"),
     OPT("sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"),
     OPT("sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"),
     FLAG_OPT("sim_backed", sim.backed,
@@ -693,6 +726,7 @@ void vmm_config_defaults(vmm_config *c)
     c->lanes = 1;
     c->depot = 1;
     c->lifetime_split = 1;
+    c->alias_place_tail_gap = 256 * VMM_KiB;
     vmm_sim_default_options(&c->sim);
 }
 

@@ -38,6 +38,10 @@ typedef struct vmm_config {
     int depot;                           /* 1: full bins of freeing threads go to the depot (tcache.c) */
     int alias_pages;                     /* 1: growth maps partly used pages a second time (alias.c) */
     int lifetime_split;                  /* 1: blocks predicted to stay get segments of their own (pool.c) */
+    int alias_place;                     /* 1: large blocks built from free page edges (alias.c) */
+    int alias_place_hybrid;              /* 1: with alias_place, best fit that leaves no gap in a page */
+    size_t alias_place_tail_gap;         /* alias_place: most free bytes a tail view may leave */
+    size_t alias_place_slack;            /* alias_place: most bytes a reused free block may exceed */
     /* sim */
     vmm_sim_options sim;
 } vmm_config;

@@ -9,6 +9,7 @@
 #include "base/errors.h"
 #include "base/metadata.h"
 #include "base/mutex.h"
+#include "core/alias.h"
 #include "core/config.h"
 #include "core/counters.h"
 #include "core/lane.h"
@@ -733,6 +734,26 @@ static vmm_block *large_sliver(vmm_stream_rec *sr, vmm_stream s, size_t size)
     return l;
 }
 
+/* alias_place (alias.c): whether free block b, the best fit for a large request of r bytes, is
+ * refused, so that growth builds the request from free page edges and whole pages. Taken: a
+ * request under a page (it fits in one page's free run, as best fit places it), a block of the
+ * same size (within alias_place_slack: the layout of a freed block of that size again), and with
+ * alias_place_hybrid one whose remainder is no gap inside a page (it ends on a page boundary or
+ * runs past the end of the page where the request ends). */
+static int place_refuses(const vmm_allocator *a, const vmm_block *b, size_t r)
+{
+    const vmm_segment *seg = b->seg;
+    size_t ps = seg->page_size;
+    if (r < ps || b->size - r <= a->cfg.alias_place_slack || !vmm_alias_enabled(a, seg))
+        return 0;
+    if (a->cfg.alias_place_hybrid) {
+        size_t e = b->addr + r - seg->base, end = b->addr + b->size - seg->base;
+        if (e % ps == 0 || end % ps == 0 || end / ps != e / ps)
+            return 0;
+    }
+    return 1;
+}
+
 int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, vmm_stream_rec *sr, size_t size,
                            vmm_stream s, vmm_block **out, size_t *rounded, int *pool)
 {
@@ -745,6 +766,8 @@ int vmm_pool_malloc_cached(vmm_allocator *a, vmm_mempool *mp, vmm_stream_rec *sr
     vmm_block *b = VMM_UNLIKELY(p == VMM_LARGE) && !mp && vmm_pool_long_lived(a, sr, r) == 1
                        ? best_fit_long(a, sr, root, s, r, &fitted)
                        : best_fit(a, root, s, r);
+    if (VMM_UNLIKELY(p == VMM_LARGE) && b && a->cfg.alias_place && !mp && place_refuses(a, b, r))
+        b = NULL; /* built from page edges and whole pages by growth (segment.c) */
     *rounded = r;
     *pool = p;
     *out = NULL;

@@ -920,6 +920,84 @@ static int alias_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_b
     return VMM_OK;
 }
 
+/* alias_place (alias.c): the growth of `size` bytes into unmapped block *best (*need bytes of
+ * pages from its start) built from free page edges, the rule of a page-level model of the traces:
+ * where the request does not continue a mapped run (no free block before *best), its first page is
+ * a view of a page's free suffix used whole (a suffix of exactly the request's last partial page
+ * first, then none when a free prefix of exactly that exists, else the largest suffix), and where
+ * its last page is partly used, that page is a view of the shortest free prefix holding the
+ * request's end that leaves at most alias_place_tail_gap free, else a new page. Nothing is left
+ * free between two used ranges of a page. Out as alias_growth's. */
+static int place_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_block **best,
+                        size_t *need, vmm_block **whole)
+{
+    vmm_block *u = *best;
+    vmm_segment *seg = u->seg;
+    size_t ps = seg->page_size, n = *need / ps, p0 = (u->addr - seg->base) / ps, len = 0;
+    if (!n)
+        return VMM_OK;
+    vmm_block *pf = u->prev && u->prev->state == VMM_BLOCK_FREE ? u->prev : NULL;
+    uintptr_t start = pf ? pf->addr : u->addr;
+    vmm_block *fh = NULL, *ft = NULL;
+    size_t y = 0, r = size % ps, hpg = SIZE_MAX;
+    if (!pf && size >= ps && r) {
+        fh = vmm_alias_edge(a, sr, seg, p0, 1, r, r + 1, 0, NULL, 0, &len);
+        if (!fh && !vmm_alias_edge(a, sr, seg, p0 + size / ps, 0, r, r + 1, 0, NULL, 0, &len))
+            fh = vmm_alias_edge(a, sr, seg, p0, 1, 1, ps, 1, NULL, 0, &len);
+        if (fh) {
+            y = ps - len;
+            size_t nh = (y + size + ps - 1) / ps;
+            if (nh * ps > u->size) {
+                fh = NULL; /* no room for the extra page: no head */
+                y = 0;
+            } else {
+                n = nh;
+                hpg = (fh->addr - fh->seg->base) / ps;
+            }
+        }
+    }
+    /* the head first: lanes run during its driver calls (vmm_alias_map), so the tail is looked
+     * for after it, in the free blocks as they are then */
+    vmm_block *from = u, *anchor = NULL;
+    int rc;
+    if (fh) {
+        vmm_block *c = vmm_alias_edge_cut(a, fh, 1);
+        if (!c) {
+            fh = NULL; /* host memory short: no head, the request from the page start */
+            y = 0;
+            n = *need / ps;
+        } else if ((rc = vmm_alias_map(a, c, u, p0, &anchor))) {
+            vmm_alias_edge_join(a, c);
+            return rc;
+        } else {
+            from = anchor;
+        }
+    }
+    size_t x = start + y + size - (seg->base + (p0 + n - 1) * ps); /* bytes of the last page used */
+    if (x < ps && !(fh && n == 1)) {
+        ft = vmm_alias_edge(a, sr, seg, p0 + n - 1, 0, x, x + a->cfg.alias_place_tail_gap + 1, 0,
+                            fh ? fh->seg : NULL, hpg, &len);
+        if (ft && (ft = vmm_alias_edge_cut(a, ft, 0)) != NULL) {
+            if ((rc = vmm_alias_map(a, ft, block_at(from, seg->base + (p0 + n - 1) * ps), p0 + n - 1,
+                                    &anchor))) {
+                vmm_alias_edge_join(a, ft);
+                return rc;
+            }
+            from = anchor;
+        }
+    }
+    if (!fh && !ft)
+        return VMM_OK;
+    size_t h = fh != NULL, t = ft != NULL;
+    if (h + t >= n) {
+        *whole = block_at(from, start + y);
+        return VMM_OK;
+    }
+    *best = block_at(from, seg->base + (p0 + h) * ps);
+    *need = (n - h - t) * ps;
+    return VMM_OK;
+}
+
 static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size, int longlived,
                      vmm_block **out, size_t *short_pages)
 {
@@ -951,7 +1029,8 @@ static int grow_once(vmm_allocator *a, vmm_stream_rec *sr, int pool, size_t size
     vmm_segment *seg = best->seg;
     if (vmm_alias_enabled(a, seg)) {
         vmm_block *whole = NULL;
-        int rc = alias_growth(a, sr, size, &best, &best_need, &whole);
+        int rc = a->cfg.alias_place ? place_growth(a, sr, size, &best, &best_need, &whole)
+                                    : alias_growth(a, sr, size, &best, &best_need, &whole);
         if (rc || whole) {
             if (!rc)
                 *out = whole;
