@@ -669,13 +669,13 @@ static const option_desc options[] = {
     FLAG_OPT("alias_pages", alias_pages,
      "true: with expandable segments and one handle per page (max_handle_size:2M), a large-pool growth whose first or last page would be partly used maps instead the page of a free block that fits (a free suffix or prefix of a partly used page) a second time there, so the free part of a page whose block stays is used wherever the next blocks land; false maps a new page (default false)"),
     FLAG_OPT("alias_place", alias_place,
-     "true (with alias_pages): a large request of a page or more that no free block of its size (alias_place_slack) serves is built in unmapped VA from the free edges of partly used pages and whole pages: its first page a view of a page's free suffix used whole (one of exactly the request's last partial page first, else the largest), its last page a view of a page's free prefix that leaves at most alias_place_tail_gap free, the pages between cached or new handles, so no free bytes are left inside a page (default false)"),
+     "true (with alias_pages): a large request of a page or more that no free block of its size (alias_place_slack) serves is built in unmapped VA from the free edges of partly used pages and whole pages: its first page a view of a page's free suffix used whole (one of exactly the request's last partial page first, else the largest), its last page a view of a page's free prefix that leaves at most alias_place_tail_gap free, the pages between cached or new handles, so no free bytes are left inside a page; views with nothing in use are unmapped before each such growth (default false)"),
     FLAG_OPT("alias_place_hybrid", alias_place_hybrid,
      "true: with alias_place, best fit into a free block is still taken when it leaves no free bytes between two used ranges of one page (fewer driver calls) (default false)"),
     OPT("alias_place_tail_gap", p_place_gap, f_place_gap,
      "alias_place: a tail view maps a page's free prefix only when it leaves at most this many bytes of it free, else a new page (default 256K)"),
     OPT("alias_place_slack", p_place_slack, f_place_slack,
-     "alias_place: a free block serves a request by best fit when it exceeds it by at most this (default 0: the same size only)"),
+     "alias_place: a free block serves a request of a page or more by best fit only when it exceeds it by at most this (0: the same size only), else growth builds it from page edges (default 1M)"),
     OPT("sim_capacity", p_sim_capacity, f_sim_capacity, "simulated device memory (default 80G)"),
     OPT("sim_granularity", p_sim_gran, f_sim_gran, "simulated allocation granularity (default 2M)"),
     FLAG_OPT("sim_backed", sim.backed,
@@ -726,7 +726,9 @@ void vmm_config_defaults(vmm_config *c)
     c->lanes = 1;
     c->depot = 1;
     c->lifetime_split = 1;
+    /* alias_place's measured setting on the 76 traces (docs/benchmarks.md, "Handle sizes") */
     c->alias_place_tail_gap = 256 * VMM_KiB;
+    c->alias_place_slack = VMM_MiB;
     vmm_sim_default_options(&c->sim);
 }
 
