@@ -35,10 +35,11 @@ static int on_double(void)
     return e && strcmp(e, "1") == 0;
 }
 
-/* An allocator with 2 MiB one-handle pages, alias_pages as asked, `cap` bytes of device. */
-static vmm_allocator *make(int alias, size_t cap)
+/* An allocator with 2 MiB one-handle pages, alias_pages as asked, `cap` bytes of device, and the
+ * keys in `extra` (",key:value..." or ""). */
+static vmm_allocator *make_conf(int alias, size_t cap, const char *extra)
 {
-    char conf[256];
+    char conf[512];
     vmm_allocator *a = NULL;
     if (on_double()) {
         /* the double's device is larger: cap it with the memory fraction */
@@ -52,13 +53,18 @@ static vmm_allocator *make(int alias, size_t cap)
         double frac = (double)(cap + MiB / 2) / (double)probe->dev.total_bytes;
         vmm_destroy(probe);
         snprintf(conf, sizeof conf, "driver:cuda,ipc:false,max_handle_size:2M,alias_pages:%s,"
-                 "per_process_memory_fraction:%.9f,thread_cache:0", alias ? "true" : "false", frac);
+                 "per_process_memory_fraction:%.9f,thread_cache:0%s", alias ? "true" : "false", frac, extra);
     } else {
         snprintf(conf, sizeof conf, "driver:sim,sim_capacity:%zuM,sim_backed:true,ipc:false,max_handle_size:2M,"
-                 "alias_pages:%s,thread_cache:0", cap / MiB, alias ? "true" : "false");
+                 "alias_pages:%s,thread_cache:0%s", cap / MiB, alias ? "true" : "false", extra);
     }
     CHECK_OK(vmm_create(conf, &a));
     return a;
+}
+
+static vmm_allocator *make(int alias, size_t cap)
+{
+    return make_conf(alias, cap, "");
 }
 
 static int64_t reserved(vmm_allocator *a)
@@ -102,6 +108,17 @@ static int intact(vmm_allocator *a, const void *p, size_t n, unsigned seed)
              a->drv->ops->stream_sync(a->drv, NULL) == 0;
     for (size_t k = 0; ok && k * MiB < n; k++)
         ok = vmm_test_intact(h + k * MiB, n - k * MiB < MiB ? n - k * MiB : MiB, seed + (unsigned)k, 4096);
+    free(h);
+    return ok;
+}
+
+/* Whether n bytes at device pointers p and q read the same (two views of one page). */
+static int same(vmm_allocator *a, const void *p, const void *q, size_t n)
+{
+    unsigned char *h = malloc(2 * n);
+    int ok = h && a->drv->ops->memcpy_dtoh(a->drv, h, (uintptr_t)p, n, NULL) == 0 &&
+             a->drv->ops->memcpy_dtoh(a->drv, h + n, (uintptr_t)q, n, NULL) == 0 &&
+             a->drv->ops->stream_sync(a->drv, NULL) == 0 && memcmp(h, h + n, n) == 0;
     free(h);
     return ok;
 }
@@ -270,8 +287,142 @@ static void destroy_mapped(void)
         vmm_test_check_no_sim_leaks();
 }
 
+/* alias_place: T1 [0, 3M), S [3M, 7.5M) (stays), T2 [7.5M, 10.5M); the temporaries freed and
+ * their whole pages given back: S is alone, page 1 keeps the free prefix [2M, 3M) and page 3 the
+ * free suffix [7.5M, 8M). Returns the allocator (6 MiB reserved: S's three pages), *s. */
+static vmm_allocator *stayer_case(int alias, const char *extra, char **s)
+{
+    vmm_allocator *a = make_conf(alias, 64 * MiB, extra);
+    if (!a)
+        return NULL;
+    char *t1 = take(a, 3 * MiB);
+    *s = take(a, 4 * MiB + 512 * 1024);
+    char *t2 = take(a, 3 * MiB);
+    CHECK_EQ((uintptr_t)*s, (uintptr_t)t1 + 3 * MiB);
+    CHECK_EQ((uintptr_t)t2, (uintptr_t)t1 + 7 * MiB + 512 * 1024);
+    fill(a, *s, 4 * MiB + 512 * 1024, 41);
+    give(a, t1);
+    give(a, t2);
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(reserved(a), 6 * MiB);
+    return a;
+}
+
+/* The next block (3.5 MiB) takes both of the stayer's edges: page 3's suffix where it starts (the
+ * run goes on there), page 1's prefix of exactly its last MiB as its last page (a second view):
+ * one new page. Key off (and alias_pages alone: the growth continues the run, so no head, and
+ * its last page would hold 1 MiB of page 1's prefix, which it does too) : compared below. Then S
+ * freed first: its pages go back but for the shared one, which the block keeps. */
+static void place_stayer(void)
+{
+    const char *modes[] = {"", ",alias_place:true"};
+    for (int m = 0; m < 3; m++) {
+        char *s;
+        vmm_allocator *a = stayer_case(m > 0, m == 2 ? modes[1] : modes[0], &s);
+        if (!a)
+            return;
+        char *n = take(a, 3 * MiB + 512 * 1024);
+        fill(a, n, 3 * MiB + 512 * 1024, 42);
+        CHECK_EQ((uintptr_t)n, (uintptr_t)s + 4 * MiB + 512 * 1024);
+        if (m == 0) {
+            CHECK_EQ(reserved(a), 10 * MiB); /* two new pages after S */
+        } else {
+            CHECK_EQ(reserved(a), 8 * MiB); /* one: the last page is page 1 again */
+            CHECK(same(a, s - 1 * MiB, n + 2 * MiB + 512 * 1024, 1 * MiB)); /* N's last MiB, page 1 */
+        }
+        CHECK(intact(a, s, 4 * MiB + 512 * 1024, 41));
+        CHECK(intact(a, n, 3 * MiB + 512 * 1024, 42));
+        give(a, s);
+        CHECK_OK(vmm_empty_cache(a));
+        CHECK_OK(vmm_check(a));
+        CHECK_EQ(reserved(a), 6 * MiB); /* N's three pages, page 3 and page 1 among them */
+        CHECK(intact(a, n, 3 * MiB + 512 * 1024, 42));
+        give(a, n);
+        CHECK_OK(vmm_empty_cache(a));
+        CHECK_EQ(reserved(a), 0);
+        vmm_destroy(a);
+    }
+    if (!on_double())
+        vmm_test_check_no_sim_leaks();
+}
+
+/* The in-page gap rule: a 3.125 MiB block after S (too large for page 0 and page 1's prefix in
+ * place) ends 0.625 MiB into its second page; page 1's free prefix (1 MiB) would leave 0.375 MiB
+ * free inside that page, more than alias_place_tail_gap's default 256K: a new page instead. With
+ * alias_place_tail_gap:512K the prefix is taken. */
+static void place_tail_gap(void)
+{
+    for (int wide = 0; wide < 2; wide++) {
+        char *s;
+        vmm_allocator *a = stayer_case(1, wide ? ",alias_place:true,alias_place_tail_gap:512K"
+                                                : ",alias_place:true", &s);
+        if (!a)
+            return;
+        size_t nb = 3 * MiB + 128 * 1024;
+        char *n = take(a, nb);
+        CHECK_EQ((uintptr_t)n, (uintptr_t)s + 4 * MiB + 512 * 1024);
+        fill(a, n, nb, 43);
+        CHECK_EQ(reserved(a), wide ? 8 * MiB : 10 * MiB);
+        if (wide) /* N's last 0.625 MiB through page 1's first view */
+            CHECK(same(a, s - 1 * MiB, n + 2 * MiB + 512 * 1024, 640 * 1024));
+        CHECK(intact(a, n, nb, 43));
+        CHECK(intact(a, s, 4 * MiB + 512 * 1024, 41));
+        give(a, n);
+        give(a, s);
+        CHECK_OK(vmm_empty_cache(a));
+        CHECK_EQ(reserved(a), 0);
+        vmm_destroy(a);
+    }
+    if (!on_double())
+        vmm_test_check_no_sim_leaks();
+}
+
+/* Same-size reuse: X (5 MiB) freed between two live blocks; a request of its size, or of at most
+ * alias_place_slack (1M) less, takes X's place again, mapping nothing; a 3 MiB request (2 MiB
+ * less) is built by growth (here into X's idle pages, unmapped and mapped again, as the growth
+ * past the high-water mark recycles them), where the key off takes X by best fit. */
+static void place_reuse(void)
+{
+    for (int place = 0; place < 2; place++) {
+        vmm_allocator *a = make_conf(1, 64 * MiB, place ? ",alias_place:true" : "");
+        if (!a)
+            return;
+        char *pa = take(a, 4 * MiB), *x = take(a, 5 * MiB), *pb = take(a, 3 * MiB);
+        CHECK_EQ((uintptr_t)x, (uintptr_t)pa + 4 * MiB);
+        give(a, x);
+        int64_t maps0 = vmm_test_stats(a).num_pages_mapped;
+        char *y = take(a, 5 * MiB);
+        CHECK_EQ((uintptr_t)y, (uintptr_t)x);
+        give(a, y);
+        y = take(a, 4 * MiB + 512 * 1024);
+        CHECK_EQ((uintptr_t)y, (uintptr_t)x);
+        give(a, y);
+        CHECK_EQ(vmm_test_stats(a).num_pages_mapped, maps0);
+        int64_t maps = vmm_test_stats(a).num_pages_mapped;
+        y = take(a, 3 * MiB);
+        if (place)
+            CHECK(vmm_test_stats(a).num_pages_mapped > maps);
+        else
+            CHECK_EQ(vmm_test_stats(a).num_pages_mapped, maps);
+        fill(a, y, 3 * MiB, 44);
+        CHECK(intact(a, y, 3 * MiB, 44));
+        give(a, y);
+        give(a, pa);
+        give(a, pb);
+        CHECK_OK(vmm_empty_cache(a));
+        CHECK_EQ(reserved(a), 0);
+        vmm_destroy(a);
+    }
+    if (!on_double())
+        vmm_test_check_no_sim_leaks();
+}
+
 int main(void)
 {
+    place_stayer();
+    place_tail_gap();
+    place_reuse();
     tail();
     head();
     full_device();
