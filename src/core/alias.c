@@ -21,6 +21,12 @@
  * view is gone, by the page code of segment.c, which sees a one-view page as any other. Reserved
  * bytes count handles, so a page is counted once; mapped_bytes counts VA, so both views.
  *
+ * With alias_place the edges serve placement: a large request that no free block of about its size
+ * serves is built by growth (segment.c, place_growth) from edges that vmm_alias_edge finds among
+ * the lane's free blocks, whatever their size (a block reaching past its page lends that page's
+ * part, cut off first), and idle views are unmapped before each growth so that their pages lend
+ * edges again.
+ *
  * Only the lane's own free blocks serve its growth (the same key), so stream order covers the
  * reuse as it covers best fit. Out of scope, keeping today's behaviour: private pools, tagged
  * memory (sleep), exportable handles, pages of several-page handles, mapping callbacks.
