@@ -47,9 +47,7 @@ enum { ALIAS_UNMAP_TRIES = 8 };
 
 int vmm_alias_enabled(const vmm_allocator *a, const vmm_segment *seg)
 {
-    return a->cfg.alias_pages && seg->expandable && seg->pool == VMM_LARGE && !seg->mp &&
-           !seg->srec->tag && !seg->asleep && seg->max_handle_pages == 1 && !a->dev.posix_fd_handles &&
-           !a->cb_mapping;
+    return vmm_pool_aliasable(a, seg);
 }
 
 static size_t page_of(const vmm_block *b, uintptr_t addr)

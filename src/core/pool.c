@@ -9,7 +9,6 @@
 #include "base/errors.h"
 #include "base/metadata.h"
 #include "base/mutex.h"
-#include "core/alias.h"
 #include "core/config.h"
 #include "core/counters.h"
 #include "core/lane.h"
@@ -734,6 +733,13 @@ static vmm_block *large_sliver(vmm_stream_rec *sr, vmm_stream s, size_t size)
     return l;
 }
 
+int vmm_pool_aliasable(const vmm_allocator *a, const vmm_segment *seg)
+{
+    return a->cfg.alias_pages && seg->expandable && seg->pool == VMM_LARGE && !seg->mp &&
+           !seg->srec->tag && !seg->asleep && seg->max_handle_pages == 1 && !a->dev.posix_fd_handles &&
+           !a->cb_mapping;
+}
+
 /* alias_place (alias.c): whether free block b, the best fit for a large request of r bytes, is
  * refused, so that growth builds the request from free page edges and whole pages. Taken: a
  * request under a page (it fits in one page's free run, as best fit places it), a block of the
@@ -744,7 +750,7 @@ static int place_refuses(const vmm_allocator *a, const vmm_block *b, size_t r)
 {
     const vmm_segment *seg = b->seg;
     size_t ps = seg->page_size;
-    if (r < ps || b->size - r <= a->cfg.alias_place_slack || !vmm_alias_enabled(a, seg))
+    if (r < ps || b->size - r <= a->cfg.alias_place_slack || !vmm_pool_aliasable(a, seg))
         return 0;
     if (a->cfg.alias_place_hybrid) {
         size_t e = b->addr + r - seg->base, end = b->addr + b->size - seg->base;

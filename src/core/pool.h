@@ -25,6 +25,11 @@ vmm_block *vmm_pool_fit_any(vmm_allocator *a, vmm_stream_rec *sr, int pool, size
 /* Whether lane sr has split: its requests predicted to stay go to its longlived segments, the
  * others' growth to its other segments. */
 int vmm_pool_life_split(const vmm_stream_rec *sr);
+/* alias.c's vmm_alias_enabled (its rule lives here, where the placement of alias_place asks it
+ * without calling up into alias.c): alias_pages on, a default-pool expandable large-pool segment of
+ * untagged memory, awake, one page per handle, no exportable handles, no mapping callbacks.
+ * Allocator lock or seg's lane's held. */
+int vmm_pool_aliasable(const vmm_allocator *a, const vmm_segment *seg);
 /* Free the recycled records (destroy). */
 void vmm_block_cache_drain(vmm_allocator *a);
 /* Treap over (stream, size, addr). */
