@@ -38,6 +38,7 @@
 #include "base/metadata.h"
 #include "core/alias.h"
 #include "core/counters.h"
+#include "core/events.h"
 #include "core/lock.h"
 #include "core/pool.h"
 #include "core/types.h"
@@ -312,13 +313,16 @@ static vmm_block *block_at(vmm_block *from, uintptr_t x)
     return from;
 }
 
-/* Whether view i holds no block in use: every block of its page but its shadow is FREE. */
+/* Whether view i holds no block in use: every block of its page but its shadow is FREE, and idle:
+ * its free is proven complete (vmm_block_idle). An unmap is not stream ordered, so a FREE block
+ * whose stream may still run work on it keeps its view mapped, as idle pages are unmapped only
+ * once idle (segment.c). */
 static int view_idle(const vmm_alias *al, int i)
 {
     const vmm_segment *s = al->seg[i];
     uintptr_t lo = s->base + al->pg[i] * s->page_size, hi = lo + s->page_size;
     for (const vmm_block *b = block_at(al->shadow[i], lo); b && b->addr < hi; b = b->next)
-        if (b != al->shadow[i] && b->state != VMM_BLOCK_FREE)
+        if (b != al->shadow[i] && (b->state != VMM_BLOCK_FREE || !vmm_block_idle(b)))
             return 0;
     return 1;
 }
@@ -425,6 +429,12 @@ static int drop_view(vmm_allocator *a, vmm_alias *al, int i)
 size_t vmm_alias_reclaim(vmm_allocator *a)
 {
     size_t n = 0;
+    if (!a->aliases)
+        return 0;
+    /* fence the frees no fence covers yet and poll, as recycle_idle (segment.c) does: a view is
+     * dropped only once its free blocks are proven idle (view_idle) */
+    vmm_fences_record(a);
+    vmm_fences_poll(a);
     for (vmm_alias *al = a->aliases, *next; al; al = next) {
         next = al->next;
         /* the later view first: the page then stays where it was mapped first */

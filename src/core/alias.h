@@ -57,9 +57,10 @@ void vmm_alias_edge_join(vmm_allocator *a, vmm_block *e);
  * VMM_EDRIVER with the driver's refusal (nothing changed). Allocator lock held. */
 int vmm_alias_map(vmm_allocator *a, vmm_block *f, vmm_block *u, size_t pg, vmm_block **free_out);
 
-/* Unmap every view that holds no block in use (its owned bytes all FREE); the bytes it owned go
- * back to the other view (its SHADOW turns FREE and merges). Returns views unmapped. Growth past
- * the high-water mark and the OOM path call it before they look for idle pages. Allocator lock
+/* Unmap every view that holds no block in use (its owned bytes all FREE and idle: their frees
+ * proven complete, after fences are recorded and polled here); the bytes it owned go back to the
+ * other view (its SHADOW turns FREE and merges). Returns views unmapped. Growth past the
+ * high-water mark and the OOM path call it before they look for idle pages. Allocator lock
  * held. */
 size_t vmm_alias_reclaim(vmm_allocator *a);
 
