@@ -912,7 +912,10 @@ static int alias_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_b
     }
     size_t h = fh != NULL, t = ft != NULL;
     if (h + t >= n) {
-        *whole = block_at(from, start + y);
+        /* lanes ran during the views' driver calls: the free block before the range (pf) may
+         * have been handed out meanwhile; then the view's own bytes, and vmm_seg_grow grows on */
+        vmm_block *w = block_at(from, start + y);
+        *whole = w->state == VMM_BLOCK_FREE ? w : from;
         return VMM_OK;
     }
     *best = block_at(from, seg->base + (p0 + h) * ps);
@@ -990,7 +993,10 @@ static int place_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_b
         return VMM_OK;
     size_t h = fh != NULL, t = ft != NULL;
     if (h + t >= n) {
-        *whole = block_at(from, start + y);
+        /* lanes ran during the views' driver calls: the free block before the range (pf) may
+         * have been handed out meanwhile; then the view's own bytes, and vmm_seg_grow grows on */
+        vmm_block *w = block_at(from, start + y);
+        *whole = w->state == VMM_BLOCK_FREE ? w : from;
         return VMM_OK;
     }
     *best = block_at(from, seg->base + (p0 + h) * ps);
