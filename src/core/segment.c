@@ -883,33 +883,30 @@ static int alias_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_b
     if (!n)
         return VMM_OK;
     vmm_block *pf = u->prev && u->prev->state == VMM_BLOCK_FREE ? u->prev : NULL;
-    uintptr_t start = pf ? pf->addr : u->addr;
-    vmm_block *fh = NULL, *ft = NULL;
-    /* a head: only where the request starts on the page boundary and takes two pages or more */
+    uintptr_t u0 = u->addr, start = pf ? pf->addr : u0;
+    vmm_block *fh = NULL, *ft = NULL, *from = u, *anchor = NULL;
+    int rc;
+    /* a head: only where the request starts on the page boundary and takes two pages or more.
+     * Mapped before the tail is looked for: lanes run during vmm_alias_map's driver calls, and a
+     * lane malloc may take (or a lane free merge) a FREE block found before them */
     if (!pf && n >= 2)
         fh = vmm_alias_find(a, sr, seg, p0, 1, n * ps - size);
     size_t y = fh ? (fh->addr - fh->seg->base) % ps : 0;
-    size_t x = start + y + size - (u->addr + (n - 1) * ps); /* bytes of the last page used */
-    if (x < ps && !(fh && n == 1)) {
-        ft = vmm_alias_find(a, sr, seg, p0 + n - 1, 0, x);
-        /* one page, two new views: not with two views at most per page */
-        if (ft && fh && ft->seg == fh->seg &&
-            (ft->addr - ft->seg->base) / ps == (fh->addr - fh->seg->base) / ps)
-            ft = NULL;
-    }
-    if (!fh && !ft)
-        return VMM_OK;
-    vmm_block *anchor = NULL;
-    int rc;
-    if (ft && (rc = vmm_alias_map(a, ft, block_at(u, u->addr + (n - 1) * ps), p0 + n - 1, &anchor)))
-        return rc;
-    vmm_block *from = anchor ? anchor : u;
     if (fh) {
-        /* u may have become the tail's page when n == 1: not here (a head takes n >= 2) */
-        if ((rc = vmm_alias_map(a, fh, block_at(from, u->addr), p0, &anchor)))
+        if ((rc = vmm_alias_map(a, fh, u, p0, &anchor)))
             return rc;
         from = anchor;
     }
+    size_t x = start + y + size - (u0 + (n - 1) * ps); /* bytes of the last page used */
+    /* the head's page has a SHADOW block now: vmm_alias_find passes over it (two views at most) */
+    if (x < ps && !(fh && n == 1))
+        ft = vmm_alias_find(a, sr, seg, p0 + n - 1, 0, x);
+    if (!fh && !ft)
+        return VMM_OK;
+    if (ft && (rc = vmm_alias_map(a, ft, block_at(from, u0 + (n - 1) * ps), p0 + n - 1, &anchor)))
+        return rc;
+    if (ft)
+        from = anchor;
     size_t h = fh != NULL, t = ft != NULL;
     if (h + t >= n) {
         /* lanes ran during the views' driver calls: the free block before the range (pf) may

@@ -19,8 +19,10 @@
  * On the CUDA double (copy test_alias_double) the same steps run against driver:cuda, the bytes
  * checked through cuMemcpy where the double offers no host view.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 #include "testutil.h"
@@ -418,6 +420,130 @@ static void place_reuse(void)
         vmm_test_check_no_sim_leaks();
 }
 
+/* Lanes run during an alias's driver calls (vmm_alias_map lets them go around mem_map and
+ * set_access): a free block found before one alias is mapped may be another thread's by the time
+ * the next one is. The driver's mem_map is wrapped so that, inside the growth's first alias map,
+ * a second thread's malloc runs on the same stream (a lane path) and waits for nothing. */
+static struct {
+    const vmm_driver_ops *real;
+    vmm_driver_ops ops;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int armed, go, done;
+    vmm_allocator *a;
+    size_t size;
+    void *got;
+    int rc;
+} race = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* Wait up to 5 s for *flag (race.mu held); 0 on timeout. */
+static int race_wait(int *flag)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += 5;
+    while (!*flag)
+        if (pthread_cond_timedwait(&race.cv, &race.mu, &t))
+            return *flag;
+    return 1;
+}
+
+static int race_mem_map(vmm_driver *d, uintptr_t va, size_t size, size_t offset, vmm_phys h)
+{
+    pthread_mutex_lock(&race.mu);
+    if (race.armed) {
+        race.armed = 0;
+        race.go = 1;
+        pthread_cond_broadcast(&race.cv);
+        /* the other thread's malloc goes through its lane now; on a timeout (it needed the
+         * allocator lock) the test fails below, nothing hangs */
+        race_wait(&race.done);
+    }
+    pthread_mutex_unlock(&race.mu);
+    return race.real->mem_map(d, va, size, offset, h);
+}
+
+static void *race_thread(void *arg)
+{
+    (void)arg;
+    /* a first malloc under the allocator lock from a second thread opens the lanes */
+    void *w = NULL;
+    CHECK_OK(vmm_malloc(race.a, 4096, NULL, &w));
+    CHECK_OK(vmm_free(race.a, w));
+    pthread_mutex_lock(&race.mu);
+    race.done = 0;
+    race.go = 0;
+    race.armed = 1;
+    pthread_cond_broadcast(&race.cv);
+    race_wait(&race.go);
+    pthread_mutex_unlock(&race.mu);
+    race.rc = vmm_malloc(race.a, race.size, NULL, &race.got);
+    pthread_mutex_lock(&race.mu);
+    race.done = 1;
+    pthread_cond_broadcast(&race.cv);
+    pthread_mutex_unlock(&race.mu);
+    return NULL;
+}
+
+/* alias_pages: S [0, 2.5M), Q [2.5M, 4M), W [4M, 12M), P [12M, 13.5M), R [13.5M, 16M); Q and P
+ * freed: page 1 has the free suffix [2.5M, 4M) (a head), page 6 the free prefix [12M, 13.5M) (a
+ * tail), and neither fits X (3 MiB), which grows after R, two pages: its first a view of page 1 (X
+ * starting 0.5 MiB into it), its last a view of page 6. While the first of the two views is
+ * mapped, thread B mallocs 1.5 MiB: its lane's best fit is page 1's suffix, unless X's growth
+ * has made it a view's already. Whatever B gets, its bytes and X's must be different memory: B's
+ * data intact after X is written, vmm_check clean, both freed. */
+static void lane_race(void)
+{
+    vmm_allocator *a = make_conf(1, 64 * MiB, ",thread_cache:4M,lanes:true");
+    if (!a)
+        return;
+    char *s = take(a, 2 * MiB + 512 * 1024), *q = take(a, 1 * MiB + 512 * 1024), *w = take(a, 8 * MiB);
+    char *p = take(a, 1 * MiB + 512 * 1024), *r = take(a, 2 * MiB + 512 * 1024);
+    CHECK_EQ((uintptr_t)r, (uintptr_t)s + 13 * MiB + 512 * 1024);
+    give(a, q);
+    give(a, p);
+    CHECK_OK(vmm_empty_cache(a)); /* Q and P out of the thread cache */
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(reserved(a), 16 * MiB);
+    race.a = a;
+    race.size = 1 * MiB + 512 * 1024;
+    race.got = NULL;
+    race.real = a->drv->ops;
+    race.ops = *race.real;
+    race.ops.mem_map = race_mem_map;
+    a->drv->ops = &race.ops;
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, race_thread, NULL), 0);
+    pthread_mutex_lock(&race.mu);
+    race_wait(&race.armed);
+    pthread_mutex_unlock(&race.mu);
+    void *x = NULL;
+    CHECK_OK(vmm_malloc(a, 3 * MiB, NULL, &x));
+    pthread_join(t, NULL);
+    a->drv->ops = race.real;
+    CHECK(race.done);
+    CHECK_OK(race.rc);
+    char *b = race.got;
+    CHECK(b != NULL && x != NULL);
+    CHECK_OK(vmm_check(a));
+    if (b && x) {
+        fill(a, b, race.size, 51);
+        fill(a, x, 3 * MiB, 52);
+        CHECK(intact(a, b, race.size, 51));
+        CHECK(intact(a, x, 3 * MiB, 52));
+        give(a, b);
+        give(a, x);
+    }
+    give(a, s);
+    give(a, w);
+    give(a, r);
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_EQ(reserved(a), 0);
+    vmm_destroy(a);
+    if (!on_double())
+        vmm_test_check_no_sim_leaks();
+}
+
 int main(void)
 {
     place_stayer();
@@ -427,5 +553,6 @@ int main(void)
     head();
     full_device();
     destroy_mapped();
+    lane_race();
     TEST_DONE();
 }
