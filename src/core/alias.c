@@ -41,6 +41,7 @@
 #include "core/events.h"
 #include "core/lock.h"
 #include "core/pool.h"
+#include "core/trace.h"
 #include "core/types.h"
 #include "driver/driver.h"
 
@@ -278,6 +279,12 @@ int vmm_alias_map(vmm_allocator *a, vmm_block *f, vmm_block *u, size_t pg, vmm_b
         vmm_block_split_into(page, second, cut);
         own = head ? second : page;
         vmm_block *shadow = head ? page : second;
+        /* the history trace follows the bytes each view owns, as snapshots show them (SHADOW
+         * blocks in no segment): f's range leaves the old view's segment, the same bytes join
+         * the new view's, so mapped ranges add up to reserved bytes and PyTorch's viewer, which
+         * replays the trace back from the snapshot's segments, finds every block in one */
+        VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, f->addr, f->size, fseg->stream);
+        VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, own->addr, own->size, seg->stream);
         shadow->state = VMM_BLOCK_SHADOW;
         own->state = VMM_BLOCK_FREE;
         own->free_seq = f->free_seq;
@@ -294,8 +301,6 @@ int vmm_alias_map(vmm_allocator *a, vmm_block *f, vmm_block *u, size_t pg, vmm_b
     seg->mapped_pages++;
     vmm_stat_update(a->stats.mapped_bytes, seg->pool, (int64_t)ps);
     a->stats.num_pages_mapped++;
-    /* no SEGMENT_MAP trace entry: a trace reader adding up mapped ranges would count the page
-     * twice (reserved bytes count it once) */
     alias_link(a, al);
     *free_out = own;
     if (rc != VMM_DRV_SUCCESS)
@@ -344,6 +349,9 @@ static int drop_view(vmm_allocator *a, vmm_alias *al, int i)
         return 0;
     }
     uint64_t seq = 0, stamp = 0;
+    /* the bytes view i owns: its page but its shadow, which lies at one end (for the trace) */
+    const vmm_block *sh = al->shadow[i];
+    uintptr_t own_lo = sh->addr == lo ? sh->addr + sh->size : lo, own_hi = sh->addr == lo ? hi : sh->addr;
     /* the page's FREE blocks out of the index, cut at the page's edges, SHADOW meanwhile (no path
      * takes or merges them while the lanes run during the unmap) */
     vmm_block *first = block_at(al->shadow[i], lo);
@@ -413,7 +421,11 @@ static int drop_view(vmm_allocator *a, vmm_alias *al, int i)
     vmm_stat_update(a->stats.mapped_bytes, s->pool, -(int64_t)ps);
     a->stats.num_pages_unmapped++;
     vmm_block *back = al->shadow[1 - i];
+    /* as in vmm_alias_map: the bytes leave view i's segment and join the other view's */
+    if (own_hi > own_lo)
+        VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, own_lo, own_hi - own_lo, s->stream);
     if (back) {
+        VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, back->addr, back->size, al->seg[1 - i]->stream);
         back->state = VMM_BLOCK_FREE;
         back->free_seq = seq;
         back->gc_stamp = stamp;
