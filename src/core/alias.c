@@ -267,11 +267,13 @@ int vmm_alias_map(vmm_allocator *a, vmm_block *f, vmm_block *u, size_t pg, vmm_b
     vmm_block *own = NULL;
     if (rc != VMM_DRV_SUCCESS) {
         /* mapped without access and the driver would not unmap it: a view that owns nothing (its
-         * whole page SHADOW), dropped by the next vmm_alias_reclaim */
-        f->state = VMM_BLOCK_FREE;
-        vmm_pool_insert(a, f);
+         * whole page SHADOW), dropped by the next vmm_alias_reclaim, which gives f back. Until
+         * then f stays SHADOW too, owned by neither view: the old view's page is then never idle
+         * whole, so the page code does not unmap it and give back a handle the new view maps,
+         * and no growth makes the page a third view */
+        VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, f->addr, f->size, fseg->stream);
         page->state = VMM_BLOCK_SHADOW;
-        al->shadow[0] = NULL;
+        al->shadow[0] = f;
         al->shadow[1] = page;
     } else {
         vmm_block *second = r[used++];
@@ -427,8 +429,10 @@ static int drop_view(vmm_allocator *a, vmm_alias *al, int i)
     if (back) {
         VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, back->addr, back->size, al->seg[1 - i]->stream);
         back->state = VMM_BLOCK_FREE;
-        back->free_seq = seq;
-        back->gc_stamp = stamp;
+        if (own_hi > own_lo) { /* its bytes were view i's; else back keeps its own (f's) */
+            back->free_seq = seq;
+            back->gc_stamp = stamp;
+        }
         back->n_uses = 0;
         back = vmm_block_merge(a, back);
         vmm_pool_insert(a, back);
@@ -510,9 +514,13 @@ const char *vmm_alias_check(const vmm_allocator *a, size_t *shadows, int64_t dup
             *shadows += b != NULL;
             shadow_range(al, i, &lo[i], &hi[i]);
         }
-        /* each byte owned by exactly one view: the shadows are complements within the page */
+        /* each byte owned by exactly one view: the shadows are complements within the page;
+         * or view 1, mapped without access, owns nothing (and the bytes it was to own may be
+         * the old view's SHADOW still: vmm_alias_map) */
         int ok;
-        if (!al->shadow[0] || !al->shadow[1])
+        if (al->shadow[1] && hi[1] - lo[1] == ps)
+            ok = 1;
+        else if (!al->shadow[0] || !al->shadow[1])
             ok = (al->shadow[0] || al->shadow[1]) && hi[0] - lo[0] + hi[1] - lo[1] == ps;
         else
             ok = hi[0] - lo[0] + hi[1] - lo[1] == ps &&

@@ -10,7 +10,9 @@
  * is owned by exactly one view; in the other it is covered by a SHADOW block (vmm_block_state):
  * shadow[i] is view i's placeholder for the bytes the other view owns, one block inside the page,
  * NULL when view i owns the whole page (then the other's shadow covers it all). View 0 is where
- * the page was first mapped, view 1 the alias a growth made. */
+ * the page was first mapped, view 1 the alias a growth made. One exception: a view 1 mapped
+ * without access that the driver would not unmap owns nothing, and the bytes it was to own stay
+ * SHADOW in view 0 too until vmm_alias_reclaim drops it (vmm_alias_map). */
 typedef struct vmm_alias {
     vmm_phys h;
     vmm_segment *seg[2];
