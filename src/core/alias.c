@@ -273,6 +273,7 @@ int vmm_alias_map(vmm_allocator *a, vmm_block *f, vmm_block *u, size_t pg, vmm_b
          * and no growth makes the page a third view */
         VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, f->addr, f->size, fseg->stream);
         page->state = VMM_BLOCK_SHADOW;
+        page->free_seq = 0; /* fresh VA: no work ran through this view (view_idle) */
         al->shadow[0] = f;
         al->shadow[1] = page;
     } else {
@@ -288,6 +289,7 @@ int vmm_alias_map(vmm_allocator *a, vmm_block *f, vmm_block *u, size_t pg, vmm_b
         VMM_HISTORY(a, VMM_TRACE_SEGMENT_UNMAP, f->addr, f->size, fseg->stream);
         VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, own->addr, own->size, seg->stream);
         shadow->state = VMM_BLOCK_SHADOW;
+        shadow->free_seq = 0; /* fresh VA: no work ran through this view (view_idle) */
         own->state = VMM_BLOCK_FREE;
         own->free_seq = f->free_seq;
         own->gc_stamp = f->gc_stamp;
@@ -323,11 +325,17 @@ static vmm_block *block_at(vmm_block *from, uintptr_t x)
 /* Whether view i holds no block in use: every block of its page but its shadow is FREE, and idle:
  * its free is proven complete (vmm_block_idle). An unmap is not stream ordered, so a FREE block
  * whose stream may still run work on it keeps its view mapped, as idle pages are unmapped only
- * once idle (segment.c). */
+ * once idle (segment.c). The shadow's bytes count too: view 0's shadow is the free block the other
+ * view took (vmm_alias_map), and work queued before its free may still run through view 0's
+ * addresses. Its stamp stays; it is not merged, so the blocks beside it do not carry it: a block
+ * whose free waited on another stream's event (record_stream) turns FREE with the older stamp of
+ * its host free and may be idle while the shadow's stream still runs that work. */
 static int view_idle(const vmm_alias *al, int i)
 {
     const vmm_segment *s = al->seg[i];
     uintptr_t lo = s->base + al->pg[i] * s->page_size, hi = lo + s->page_size;
+    if (!vmm_block_idle(al->shadow[i]))
+        return 0;
     for (const vmm_block *b = block_at(al->shadow[i], lo); b && b->addr < hi; b = b->next)
         if (b != al->shadow[i] && (b->state != VMM_BLOCK_FREE || !vmm_block_idle(b)))
             return 0;
@@ -430,7 +438,10 @@ static int drop_view(vmm_allocator *a, vmm_alias *al, int i)
         VMM_HISTORY(a, VMM_TRACE_SEGMENT_MAP, back->addr, back->size, al->seg[1 - i]->stream);
         back->state = VMM_BLOCK_FREE;
         if (own_hi > own_lo) { /* its bytes were view i's; else back keeps its own (f's) */
-            back->free_seq = seq;
+            /* the later of the two: back's own stamp covers work queued through its view before
+             * the bytes went to view i (view_idle) */
+            if (seq > back->free_seq)
+                back->free_seq = seq;
             back->gc_stamp = stamp;
         }
         back->n_uses = 0;

@@ -796,6 +796,62 @@ static void queued_work(void)
     vmm_test_check_no_sim_leaks();
 }
 
+/* View 0's shadow is the free block the other view took; work queued on its stream before that
+ * free may still read it through view 0's addresses. The blocks beside it need not carry that
+ * stamp: S, used on a second stream (record_stream) and freed first, turns FREE with its earlier
+ * stamp once that stream's event completes, after pa (the shadow's bytes) was freed behind held
+ * work on the default stream. Page 1 is then [pa's MiB, a SHADOW][S's MiB, FREE and idle]; the view
+ * must stay mapped until the default stream ran pa's work (before the fix, vmm_alias_reclaim
+ * dropped it and the fill below read an unmapped page: vmm-stress seed 74, 4 threads,
+ * ipc:false,alias_pages:true,alias_place:true). Simulator only (the gates are simulated kernels). */
+static void shadow_queued_work(void)
+{
+    if (on_double())
+        return;
+    vmm_allocator *a = make_conf(1, 64 * MiB, ",alias_place:true");
+    if (!a)
+        return;
+    vmm_stream st2 = NULL;
+    CHECK_OK(vmm_sim_stream_create(a, &st2));
+    char *pa = take(a, 3 * MiB), *s = take(a, 5 * MiB);
+    CHECK_EQ((uintptr_t)s, (uintptr_t)pa + 3 * MiB);
+    vmm_test_gate g2 = {0}, g1 = {0};
+    CHECK_OK(vmm_sim_launch(a, st2, vmm_test_gate_wait, &g2));
+    CHECK_OK(vmm_record_stream(a, s, st2));
+    give(a, s); /* deferred: its event on st2 waits behind g2 */
+    CHECK_OK(vmm_empty_cache(a)); /* a fence past S's stamp on the default stream, completed */
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_OK(vmm_sim_launch(a, NULL, vmm_test_gate_wait, &g1));
+    CHECK_OK(vmm_sim_memset32(a, pa + 2 * MiB, 0x5a5a5a5a, MiB / 4, NULL));
+    give(a, pa);
+    char *b = take(a, 5 * MiB); /* its last page: page 1 again, pa's free MiB */
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(a->n_aliases, 1);
+    atomic_store(&g2.open, 1);
+    /* S's event completes once g2 has ended: empty_cache takes S then */
+    for (int k = 0; k < 2000 && a->pending[VMM_LARGE].current; k++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        CHECK_OK(vmm_empty_cache(a));
+    }
+    CHECK_EQ(a->pending[VMM_LARGE].current, 0);
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(a->n_aliases, 1); /* else the fill below reads an unmapped page */
+    atomic_store(&g1.open, 1);
+    CHECK_OK(vmm_sim_synchronize(a));
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(a->n_aliases, 0); /* pa's work ran: view 0 goes */
+    give(a, b);
+    CHECK_OK(vmm_empty_cache(a));
+    CHECK_OK(vmm_check(a));
+    CHECK_EQ(reserved(a), 0);
+    CHECK_OK(vmm_sim_stream_destroy(a, st2));
+    vmm_destroy(a);
+    vmm_test_check_no_sim_leaks();
+}
+
 int main(void)
 {
     place_stayer();
@@ -810,5 +866,6 @@ int main(void)
     alias_faults();
     drop_refused();
     queued_work();
+    shadow_queued_work();
     TEST_DONE();
 }
