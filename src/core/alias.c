@@ -57,12 +57,12 @@ static size_t page_of(const vmm_block *b, uintptr_t addr)
     return (addr - b->seg->base) / b->seg->page_size;
 }
 
-/* Whether the page holding b (in b's segment) already has two views: a SHADOW block in it. */
-static int page_aliased(const vmm_block *b)
+/* Whether page bp of b's segment (b a block in it) has a SHADOW block: a second view. */
+static int page_has_shadow(const vmm_block *b, size_t bp)
 {
     const vmm_segment *s = b->seg;
-    uintptr_t lo = s->base + page_of(b, b->addr) * s->page_size, hi = lo + s->page_size;
-    for (const vmm_block *c = b->prev; c && c->addr + c->size > lo; c = c->prev)
+    uintptr_t lo = s->base + bp * s->page_size, hi = lo + s->page_size;
+    for (const vmm_block *c = b; c && c->addr + c->size > lo; c = c->prev)
         if (c->state == VMM_BLOCK_SHADOW)
             return 1;
     for (const vmm_block *c = b->next; c && c->addr < hi; c = c->next)
@@ -90,25 +90,11 @@ vmm_block *vmm_alias_find(vmm_allocator *a, vmm_stream_rec *sr, const vmm_segmen
         /* two views of one handle side by side would read as one two-page handle (segment.c) */
         if (s == seg && (bp + 1 == pg || pg + 1 == bp))
             continue;
-        if (page_aliased(b))
+        if (page_has_shadow(b, bp))
             continue;
         return b;
     }
     return NULL;
-}
-
-/* Whether page bp of b's segment (b a block in it) has a SHADOW block: a second view. */
-static int page_has_shadow(const vmm_block *b, size_t bp)
-{
-    const vmm_segment *s = b->seg;
-    uintptr_t lo = s->base + bp * s->page_size, hi = lo + s->page_size;
-    for (const vmm_block *c = b; c && c->addr + c->size > lo; c = c->prev)
-        if (c->state == VMM_BLOCK_SHADOW)
-            return 1;
-    for (const vmm_block *c = b->next; c && c->addr < hi; c = c->next)
-        if (c->state == VMM_BLOCK_SHADOW)
-            return 1;
-    return 0;
 }
 
 vmm_block *vmm_alias_edge(vmm_allocator *a, vmm_stream_rec *sr, const vmm_segment *seg, size_t pg,
