@@ -867,6 +867,25 @@ static vmm_block *block_at(vmm_block *u, uintptr_t x)
     return u;
 }
 
+/* The end of a growth whose first (h) and last (t) of n pages from page p0 are views now (from: a
+ * block in the segment near them; the request starts at address `at`): *whole is the FREE block
+ * holding the request when the views cover it all, else *best and *need are the pages between. */
+static void views_rest(vmm_block *from, uintptr_t at, size_t p0, size_t n, size_t h, size_t t,
+                       vmm_block **best, size_t *need, vmm_block **whole)
+{
+    const vmm_segment *seg = from->seg;
+    size_t ps = seg->page_size;
+    if (h + t >= n) {
+        /* lanes ran during the views' driver calls: the free block before the range (pf) may
+         * have been handed out meanwhile; then the view's own bytes, and vmm_seg_grow grows on */
+        vmm_block *w = block_at(from, at);
+        *whole = w->state == VMM_BLOCK_FREE ? w : from;
+        return;
+    }
+    *best = block_at(from, seg->base + (p0 + h) * ps);
+    *need = (n - h - t) * ps;
+}
+
 /* alias_pages (alias.c): the growth of `size` bytes into unmapped block *best (*need bytes of
  * pages from its start) maps its first page as a second view of a page whose free suffix starts
  * where the request can start (the request then begins at that offset, and still ends in its
@@ -907,16 +926,7 @@ static int alias_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_b
         return rc;
     if (ft)
         from = anchor;
-    size_t h = fh != NULL, t = ft != NULL;
-    if (h + t >= n) {
-        /* lanes ran during the views' driver calls: the free block before the range (pf) may
-         * have been handed out meanwhile; then the view's own bytes, and vmm_seg_grow grows on */
-        vmm_block *w = block_at(from, start + y);
-        *whole = w->state == VMM_BLOCK_FREE ? w : from;
-        return VMM_OK;
-    }
-    *best = block_at(from, seg->base + (p0 + h) * ps);
-    *need = (n - h - t) * ps;
+    views_rest(from, start + y, p0, n, fh != NULL, ft != NULL, best, need, whole);
     return VMM_OK;
 }
 
@@ -988,16 +998,7 @@ static int place_growth(vmm_allocator *a, vmm_stream_rec *sr, size_t size, vmm_b
     }
     if (!fh && !ft)
         return VMM_OK;
-    size_t h = fh != NULL, t = ft != NULL;
-    if (h + t >= n) {
-        /* lanes ran during the views' driver calls: the free block before the range (pf) may
-         * have been handed out meanwhile; then the view's own bytes, and vmm_seg_grow grows on */
-        vmm_block *w = block_at(from, start + y);
-        *whole = w->state == VMM_BLOCK_FREE ? w : from;
-        return VMM_OK;
-    }
-    *best = block_at(from, seg->base + (p0 + h) * ps);
-    *need = (n - h - t) * ps;
+    views_rest(from, start + y, p0, n, fh != NULL, ft != NULL, best, need, whole);
     return VMM_OK;
 }
 
